@@ -1,0 +1,160 @@
+#include "kernels/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace colibri {
+namespace {
+
+std::uint16_t f32_to_bf16(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40);  // NaN stays NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+std::uint16_t f32_to_f16(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  std::uint32_t sign = (bits >> 16) & 0x8000u;
+  std::int32_t exponent = static_cast<std::int32_t>((bits >> 23) & 0xffu) - 127 + 15;
+  std::uint32_t mantissa = bits & 0x7fffffu;
+  if (((bits >> 23) & 0xffu) == 0xffu)  // inf / NaN
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
+  if (exponent >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (exponent <= 0) {
+    if (exponent < -10) return static_cast<std::uint16_t>(sign);
+    mantissa |= 0x800000u;
+    std::uint32_t shift = static_cast<std::uint32_t>(14 - exponent);
+    std::uint32_t half = mantissa >> shift;
+    std::uint32_t rest = mantissa & ((1u << shift) - 1u);
+    std::uint32_t halfway = 1u << (shift - 1);
+    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+    return static_cast<std::uint16_t>(sign | half);
+  }
+  std::uint32_t half = sign | (static_cast<std::uint32_t>(exponent) << 10) | (mantissa >> 13);
+  std::uint32_t rest = mantissa & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent: correct
+  return static_cast<std::uint16_t>(half);
+}
+
+}  // namespace
+
+void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols, std::int32_t group,
+                      const float* src, std::uint8_t* out) {
+  const WeightLayout layout = *weight_layout(format, static_cast<std::uint64_t>(rows),
+                                             static_cast<std::uint64_t>(cols),
+                                             static_cast<std::uint32_t>(group));
+  std::memset(out, 0, layout.total_bytes);
+  const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  switch (format) {
+    case WeightFormat::F32:
+      std::memcpy(out, src, count * 4);
+      return;
+    case WeightFormat::F16:
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint16_t h = f32_to_f16(src[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return;
+    case WeightFormat::BF16:
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint16_t h = f32_to_bf16(src[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return;
+    case WeightFormat::Q8:
+    case WeightFormat::Q4:
+      break;
+  }
+  const std::int32_t groups = (cols + group - 1) / group;
+  auto* scales = reinterpret_cast<float*>(out + layout.scales_offset);
+  auto* mins = reinterpret_cast<float*>(out + layout.mins_offset);
+  for (std::int32_t r = 0; r < rows; ++r) {
+    const float* row = src + static_cast<std::size_t>(r) * cols;
+    for (std::int32_t g = 0; g < groups; ++g) {
+      const std::int32_t begin = g * group;
+      const std::int32_t end = std::min(cols, begin + group);
+      const std::size_t slot = static_cast<std::size_t>(r) * groups + g;
+      if (format == WeightFormat::Q8) {
+        float amax = 0.0f;
+        for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(row[c]));
+        const float scale = amax / 127.0f;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        auto* q = reinterpret_cast<std::int8_t*>(out) + static_cast<std::size_t>(r) * cols;
+        for (std::int32_t c = begin; c < end; ++c)
+          q[c] = static_cast<std::int8_t>(std::clamp(std::lround(row[c] * inverse), -127L, 127L));
+        scales[slot] = scale;
+      } else {
+        float lo = row[begin], hi = row[begin];
+        for (std::int32_t c = begin; c < end; ++c) {
+          lo = std::min(lo, row[c]);
+          hi = std::max(hi, row[c]);
+        }
+        const float scale = (hi - lo) / 15.0f;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        std::uint8_t* packed = out + static_cast<std::size_t>(r) * ((cols + 1) / 2);
+        for (std::int32_t c = begin; c < end; ++c) {
+          auto q = static_cast<std::uint8_t>(std::clamp(std::lround((row[c] - lo) * inverse), 0L, 15L));
+          packed[c / 2] |= (c % 2 == 0) ? q : static_cast<std::uint8_t>(q << 4);
+        }
+        scales[slot] = scale;
+        mins[slot] = lo;
+      }
+    }
+  }
+}
+
+Matrix matrix_view(WeightFormat format, std::int32_t rows, std::int32_t cols, std::int32_t group,
+                   const std::uint8_t* bytes) {
+  const WeightLayout layout = *weight_layout(format, static_cast<std::uint64_t>(rows),
+                                             static_cast<std::uint64_t>(cols),
+                                             static_cast<std::uint32_t>(group));
+  Matrix m;
+  m.format = format;
+  m.rows = rows;
+  m.cols = cols;
+  m.group = group;
+  m.data = bytes;
+  if (is_quantized(format)) m.scales = reinterpret_cast<const float*>(bytes + layout.scales_offset);
+  if (format == WeightFormat::Q4) m.mins = reinterpret_cast<const float*>(bytes + layout.mins_offset);
+  return m;
+}
+
+void dequantize_row(const Matrix& m, std::int32_t row, float* out) {
+  const std::size_t cols = static_cast<std::size_t>(m.cols);
+  const auto* bytes = static_cast<const std::uint8_t*>(m.data);
+  switch (m.format) {
+    case WeightFormat::F32:
+      std::memcpy(out, bytes + row * cols * 4, cols * 4);
+      return;
+    case WeightFormat::F16:
+      convert_to_f32(DType::F16, bytes + row * cols * 2, cols, out);
+      return;
+    case WeightFormat::BF16:
+      convert_to_f32(DType::BF16, bytes + row * cols * 2, cols, out);
+      return;
+    case WeightFormat::Q8: {
+      const std::size_t groups = (cols + m.group - 1) / m.group;
+      const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + row * cols;
+      for (std::size_t c = 0; c < cols; ++c) out[c] = m.scales[row * groups + c / m.group] * q[c];
+      return;
+    }
+    case WeightFormat::Q4: {
+      const std::size_t groups = (cols + m.group - 1) / m.group;
+      const std::uint8_t* packed = bytes + row * ((cols + 1) / 2);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const std::uint8_t q = (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
+        const std::size_t slot = row * groups + c / m.group;
+        out[c] = m.mins[slot] + m.scales[slot] * q;
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,104 @@
+#include "kernels/reference.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+
+namespace colibri::ref {
+
+float dot(const float* a, const float* b, std::int32_t n) {
+  float sum = 0.0f;
+  for (std::int32_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void matvec(const Matrix& w, const float* x, float* y) {
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const auto* bytes = static_cast<const std::uint8_t*>(w.data);
+  const std::size_t groups = w.group > 0 ? (cols + w.group - 1) / w.group : 0;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(w.rows); ++r) {
+    float sum = 0.0f;
+    switch (w.format) {
+      case WeightFormat::F32:
+        sum = dot(w.f32() + r * cols, x, w.cols);
+        break;
+      case WeightFormat::F16:
+      case WeightFormat::BF16: {
+        const DType dtype = w.format == WeightFormat::F16 ? DType::F16 : DType::BF16;
+        for (std::size_t c = 0; c < cols; ++c) {
+          float value;
+          convert_to_f32(dtype, bytes + 2 * (r * cols + c), 1, &value);
+          sum += value * x[c];
+        }
+        break;
+      }
+      case WeightFormat::Q8: {
+        const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + r * cols;
+        for (std::size_t g = 0; g < groups; ++g) {
+          const std::size_t begin = g * w.group, end = std::min(cols, begin + w.group);
+          float partial = 0.0f;
+          for (std::size_t c = begin; c < end; ++c) partial += static_cast<float>(q[c]) * x[c];
+          sum += w.scales[r * groups + g] * partial;
+        }
+        break;
+      }
+      case WeightFormat::Q4: {
+        const std::uint8_t* packed = bytes + r * ((cols + 1) / 2);
+        for (std::size_t g = 0; g < groups; ++g) {
+          const std::size_t begin = g * w.group, end = std::min(cols, begin + w.group);
+          float partial = 0.0f, x_sum = 0.0f;
+          for (std::size_t c = begin; c < end; ++c) {
+            const int q = (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
+            partial += static_cast<float>(q) * x[c];
+            x_sum += x[c];
+          }
+          sum += w.scales[r * groups + g] * partial + w.mins[r * groups + g] * x_sum;
+        }
+        break;
+      }
+    }
+    y[r] = sum;
+  }
+}
+
+void rmsnorm(const float* x, const float* weight, std::int32_t n, float eps, float* out) {
+  double sum_sq = 0.0;
+  for (std::int32_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  float scale = static_cast<float>(1.0 / std::sqrt(sum_sq / n + eps));
+  for (std::int32_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, std::int32_t position,
+                      float theta) {
+  const std::int32_t half = head_dim / 2;
+  for (std::int32_t i = 0; i < half; ++i) {
+    double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+    double angle = position * inv_freq;
+    float c = static_cast<float>(std::cos(angle));
+    float s = static_cast<float>(std::sin(angle));
+    for (std::int32_t h = 0; h < n_heads; ++h) {
+      float* head = x + static_cast<std::size_t>(h) * head_dim;
+      float a = head[i];
+      float b = head[i + half];
+      head[i] = a * c - b * s;
+      head[i + half] = b * c + a * s;
+    }
+  }
+}
+
+void softmax(float* x, std::int32_t n) {
+  float max = x[0];
+  for (std::int32_t i = 1; i < n; ++i) max = std::fmax(max, x[i]);
+  float sum = 0.0f;
+  for (std::int32_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  for (std::int32_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+}  // namespace colibri::ref

@@ -1,0 +1,53 @@
+// The generation loop shared by colibri-run and the server: prompt -> logits ->
+// sample -> detokenize -> stop checks -> stream text.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+
+namespace colibri {
+
+enum class FinishReason {
+  Length,       // max_tokens reached
+  EndOfText,    // the model produced an end-of-sequence token
+  StopString,   // one of the caller's stop strings appeared
+  ContextFull,  // the session has no room for another position
+  Cancelled,    // the text callback asked to stop
+};
+
+std::string_view finish_reason_name(FinishReason reason);
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  std::int32_t max_tokens = 256;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+};
+
+struct GenerateOutput {
+  std::vector<std::int32_t> tokens;  // generated ids (an end-of-sequence id is not included)
+  std::string text;                  // what was streamed, stop string excluded
+  FinishReason finish = FinishReason::Length;
+};
+
+// Receives displayable UTF-8 text as soon as it is complete; returning false
+// cancels the generation.
+using TextCallback = std::function<bool(std::string_view text)>;
+// Sees the raw logits after every fed token: prompt positions first, then each
+// generated one (position is the index of the token just fed).
+using LogitsObserver = std::function<void(std::int32_t position, std::span<const float> logits)>;
+
+// Feeds `prompt` into a fresh or continued `session` and generates.
+Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> prompt,
+                                const GenerateOptions& options, const TextCallback& on_text,
+                                const LogitsObserver& observer = {});
+
+}  // namespace colibri

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package Colibri's build and tests need. Idempotent and
+# quiet when everything is already there; safe to run on every build.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev
+  libspdlog-dev libfmt-dev libcpp-httplib-dev
+  python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Node.js only regenerates tokenizer expectations (tests/tokenizer/gen); the test
+# suite itself never runs it. Machines of this kind ship node+npm already; Debian's
+# npm conflicts with that build, so only install Debian's when neither exists.
+if ! command -v node >/dev/null 2>&1; then
+  echo "install-deps: node not found; tokenizer expectation regeneration will be unavailable"
+fi
