@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/mapped_file.h"
 #include "core/result.h"
 #include "model/model_config.h"
 #include "model/tensor_source.h"
@@ -14,11 +15,21 @@
 
 namespace colibri {
 
+struct LoadOptions {
+  // .colibri files: recompute every tensor and expert checksum before use
+  // (the header checksum is always checked).
+  bool verify_checksums = false;
+};
+
 class Model {
  public:
-  // Loads a Hugging Face directory: config.json, safetensors (single or
-  // sharded), tokenizer.json and tokenizer_config.json.
-  static Result<std::shared_ptr<const Model>> load(const std::filesystem::path& path);
+  // Loads a model from
+  //  - a .colibri file (mapped in place, weights used as stored),
+  //  - a GGUF file (F32/F16/BF16/Q8_0 tensors, converted to f32 in memory),
+  //  - a Hugging Face directory: config.json, safetensors (single or sharded),
+  //    tokenizer.json and tokenizer_config.json (converted to f32 in memory).
+  static Result<std::shared_ptr<const Model>> load(const std::filesystem::path& path,
+                                                   const LoadOptions& options = {});
   // Binds weights from any source (safetensors, GGUF, ...) as f32. `path` is
   // what the model is called in messages and listings.
   static Result<std::shared_ptr<const Model>> from_source(const std::filesystem::path& path,
@@ -29,16 +40,27 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const std::filesystem::path& path() const { return path_; }
+  // How the weights are stored: "f32" for checkpoints converted at load, else
+  // the .colibri file's quantization scheme.
+  const std::string& weight_scheme() const { return weight_scheme_; }
+  // Bytes of weights the model holds (mapped or in memory).
+  std::size_t weight_bytes() const { return weight_bytes_; }
 
  private:
+  static Result<std::shared_ptr<const Model>> load_colibri(const std::filesystem::path& path,
+                                                           const LoadOptions& options);
   friend class HfLoader;
+  friend class ColibriLoader;
   Model() = default;
 
   std::filesystem::path path_;
   ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::vector<float> storage_;  // all weights as f32; views in weights_ point here
+  std::string weight_scheme_ = "f32";
+  std::size_t weight_bytes_ = 0;
+  std::vector<float> storage_;  // checkpoints loaded as f32: views in weights_ point here
+  MappedFile mapping_;          // .colibri files: views in weights_ point here
 };
 
 }  // namespace colibri

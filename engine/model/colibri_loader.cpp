@@ -1,0 +1,103 @@
+// Model::load for .colibri files: map the file, validate its structure, and
+// point every weight view straight into the mapping.
+#include <fmt/ranges.h>
+
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "format/colibri_file.h"
+#include "kernels/quantize.h"
+#include "model/model.h"
+#include "model/tensor_plan.h"
+
+namespace colibri {
+
+class ColibriLoader {
+ public:
+  static Result<std::shared_ptr<const Model>> load(const std::filesystem::path& path,
+                                                   const LoadOptions& options) {
+    const std::string source = path.string();
+    auto file = MappedFile::open(path);
+    if (!file) return file.error();
+    auto image = parse_colibri(file->bytes(), source);
+    if (!image) return image.error();
+
+    nlohmann::json metadata = nlohmann::json::parse(image->metadata, nullptr, false);
+    if (metadata.is_discarded() || !metadata.is_object())
+      return make_error("{}: metadata is not a JSON object", source);
+    for (const char* key : {"config", "tokenizer_json", "tokenizer_config_json", "quantization"})
+      if (!metadata.contains(key)) return make_error("{}: metadata has no '{}'", source, key);
+    if (!metadata["tokenizer_json"].is_string() || !metadata["tokenizer_config_json"].is_string())
+      return make_error("{}: metadata tokenizer entries must be strings", source);
+    auto config = parse_hf_config(metadata["config"].dump(), source + " (metadata config)");
+    if (!config) return config.error();
+    auto tokenizer = Tokenizer::from_json(metadata["tokenizer_json"].get<std::string>(),
+                                          metadata["tokenizer_config_json"].get<std::string>(),
+                                          source + " (embedded tokenizer)");
+    if (!tokenizer) return tokenizer.error();
+    if (tokenizer->vocab_size() > config->vocab)
+      return make_error("{}: tokenizer has {} tokens but the model's vocabulary is {}", source,
+                        tokenizer->vocab_size(), config->vocab);
+
+    if (options.verify_checksums) {
+      auto failures = verify_colibri_checksums(*image);
+      if (!failures.empty())
+        return make_error("{}: checksum mismatch in {} (and {} more)", source, failures.front().what,
+                          failures.size() - 1);
+    }
+
+    std::shared_ptr<Model> model(new Model());
+    model->path_ = path;
+    model->config_ = std::move(config).value();
+    model->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+    if (metadata["quantization"].contains("scheme") && metadata["quantization"]["scheme"].is_string())
+      model->weight_scheme_ = metadata["quantization"]["scheme"].get<std::string>();
+
+    const ModelConfig& c = model->config_;
+    std::unordered_map<std::string_view, const ColibriTensor*> by_name;
+    for (const auto& t : image->tensors) by_name.emplace(t.name, &t);
+    const bool tied = c.tie_embeddings && !by_name.count(c.arch->tensor_names.lm_head);
+    const std::vector<PlannedTensor> plan = plan_tensors(c, model->weights_, tied);
+    if (plan.size() != image->tensors.size())
+      return make_error("{}: holds {} tensors but a {} model of this config has {}", source,
+                        image->tensors.size(), c.arch->display_name, plan.size());
+    for (const PlannedTensor& p : plan) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end())
+        return make_error("{}: missing tensor '{}' required by {}", source, p.name, c.arch->display_name);
+      const ColibriTensor& t = *it->second;
+      if (t.rows != static_cast<std::uint64_t>(p.rows) || t.cols != static_cast<std::uint64_t>(p.cols) ||
+          (t.rank == 1) != p.is_vector)
+        return make_error("{}: tensor '{}' has shape [{}, {}] but the config implies {}", source, t.name,
+                          t.rows, t.cols, fmt::join(p.shape(), "x"));
+      if (p.role == TensorRole::Expert) {
+        const bool in_own_block = t.expert_slot != colibri_format::kNoExpertSlot &&
+                                  image->experts[t.expert_slot].layer == static_cast<std::uint32_t>(p.layer) &&
+                                  image->experts[t.expert_slot].expert == static_cast<std::uint32_t>(p.expert);
+        if (!in_own_block)
+          return make_error("{}: tensor '{}' is not in the block of layer {} expert {}", source, t.name,
+                            p.layer, p.expert);
+      }
+      const std::uint8_t* bytes = image->tensor_bytes(t).data();
+      if (p.is_vector) {
+        if (t.format != WeightFormat::F32)
+          return make_error("{}: vector '{}' is stored as {}; vectors must be f32", source, t.name,
+                            weight_format_name(t.format));
+        *p.vector = reinterpret_cast<const float*>(bytes);
+      } else {
+        *p.matrix = matrix_view(t.format, p.rows, p.cols, t.group, bytes);
+      }
+      model->weight_bytes_ += t.size;
+    }
+    if (tied) model->weights_.lm_head = model->weights_.embed;
+    model->mapping_ = std::move(file).value();
+    return std::shared_ptr<const Model>(std::move(model));
+  }
+};
+
+Result<std::shared_ptr<const Model>> Model::load_colibri(const std::filesystem::path& path,
+                                                         const LoadOptions& options) {
+  return ColibriLoader::load(path, options);
+}
+
+}  // namespace colibri

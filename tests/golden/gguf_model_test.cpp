@@ -1,0 +1,204 @@
+// A fixture loaded from its model.gguf must behave exactly like the same
+// fixture loaded from its Hugging Face directory: same logits at every
+// position of every reference prompt, and the tokenizer synthesized from GGUF
+// metadata must produce the reference token ids. A copy with Q8_0 weights
+// (quantized here as ggml does) must stay close.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../format/gguf_test_writer.h"
+#include "format/gguf_source.h"
+#include "model/model.h"
+#include "runtime/session.h"
+
+namespace colibri {
+namespace {
+
+constexpr double kLogitTolerance = 1e-4;
+
+std::filesystem::path fixture_dir(const std::string& name) {
+  return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / name;
+}
+
+nlohmann::json load_reference(const std::string& name) {
+  std::ifstream in(fixture_dir(name) / "reference.json");
+  return nlohmann::json::parse(in);
+}
+
+std::int32_t argmax(std::span<const float> logits) {
+  std::int32_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[static_cast<std::size_t>(best)]) best = static_cast<std::int32_t>(i);
+  return best;
+}
+
+// Logits of every position of a prompt, decoded one token at a time.
+std::vector<std::vector<float>> all_logits(const std::shared_ptr<const Model>& model,
+                                           const std::vector<std::int32_t>& tokens) {
+  Session session(model);
+  std::vector<std::vector<float>> out;
+  for (std::int32_t token : tokens) {
+    auto step = session.decode(token);
+    EXPECT_TRUE(step.ok()) << step.error().message;
+    if (!step.ok()) break;
+    out.emplace_back(step->begin(), step->end());
+  }
+  return out;
+}
+
+class GgufGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufGolden, LogitsMatchTheHfDirectory) {
+  auto from_gguf = Model::load(fixture_dir(GetParam()) / "model.gguf");
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.error().message;
+  auto from_hf = Model::load(fixture_dir(GetParam()));
+  ASSERT_TRUE(from_hf.ok()) << from_hf.error().message;
+  EXPECT_EQ((*from_gguf)->config().vocab, (*from_hf)->config().vocab);
+
+  nlohmann::json reference = load_reference(GetParam());
+  for (const auto& prompt : reference["prompts"]) {
+    SCOPED_TRACE(prompt["prompt_id"].get<std::string>());
+    auto tokens = prompt["tokens"].get<std::vector<std::int32_t>>();
+    auto a = all_logits(*from_gguf, tokens);
+    auto b = all_logits(*from_hf, tokens);
+    ASSERT_EQ(a.size(), tokens.size());
+    ASSERT_EQ(b.size(), tokens.size());
+    double max_diff = 0.0;
+    for (std::size_t pos = 0; pos < tokens.size(); ++pos) {
+      ASSERT_EQ(a[pos].size(), b[pos].size());
+      for (std::size_t id = 0; id < a[pos].size(); ++id)
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[pos][id]) - b[pos][id]));
+      EXPECT_EQ(argmax(a[pos]), prompt["positions"][pos]["argmax"].get<std::int32_t>()) << "position " << pos;
+    }
+    EXPECT_LE(max_diff, kLogitTolerance);
+    std::printf("[gguf] %s %s: %zu positions, max |dlogit| GGUF vs safetensors over the whole vocabulary = %.3g\n",
+                GetParam().c_str(), prompt["prompt_id"].get<std::string>().c_str(), tokens.size(), max_diff);
+  }
+}
+
+TEST_P(GgufGolden, SynthesizedTokenizerMatchesReferenceIds) {
+  auto model = Model::load(fixture_dir(GetParam()) / "model.gguf");
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto hf = Tokenizer::load(fixture_dir(GetParam()));
+  ASSERT_TRUE(hf.ok()) << hf.error().message;
+  const Tokenizer& tokenizer = (*model)->tokenizer();
+  EXPECT_FALSE(tokenizer.add_bos());
+  EXPECT_EQ(tokenizer.eos_id(), hf->eos_id());
+  nlohmann::json reference = load_reference(GetParam());
+  for (const auto& prompt : reference["prompts"]) {
+    SCOPED_TRACE(prompt["prompt_id"].get<std::string>());
+    auto text = prompt["prompt"].get<std::string>();
+    auto expected = prompt["tokens"].get<std::vector<std::int32_t>>();
+    for (bool add_special : {false, true}) {
+      EncodeOptions options;
+      options.add_special_tokens = add_special;
+      auto ids = tokenizer.encode(text, options);
+      ASSERT_TRUE(ids.ok()) << ids.error().message;
+      EXPECT_EQ(*ids, expected);
+    }
+    auto decoded = tokenizer.decode(expected);
+    ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+    EXPECT_EQ(*decoded, text);
+  }
+  // Special tokens are special in both, and parsed only on request.
+  EncodeOptions special;
+  special.parse_special = true;
+  auto with = tokenizer.encode("<|im_start|>hi<|im_end|>", special);
+  auto with_hf = hf->encode("<|im_start|>hi<|im_end|>", special);
+  ASSERT_TRUE(with.ok() && with_hf.ok());
+  EXPECT_EQ(*with, *with_hf);
+  EXPECT_EQ(with->front(), 507);
+  auto without = tokenizer.encode("<|im_start|>hi", {});
+  auto without_hf = hf->encode("<|im_start|>hi", {});
+  ASSERT_TRUE(without.ok() && without_hf.ok());
+  EXPECT_EQ(*without, *without_hf);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufGolden,
+                         ::testing::Values("mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"),
+                         [](const auto& param_info) {
+                           std::string name = param_info.param;
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
+
+// Mixtral with every attention and expert matrix re-encoded as Q8_0: exercises
+// dequantization together with the Q/K un-permutation and the expert slicing.
+TEST(GgufQ8_0, QuantizedMixtralStaysClose) {
+  auto f32_file = GgufFile::open(fixture_dir("mixtral-tiny") / "model.gguf");
+  ASSERT_TRUE(f32_file.ok()) << f32_file.error().message;
+  auto is_quantized = [](const GgufTensorInfo& t) {
+    for (std::string_view part : {"_exps.", "attn_q.", "attn_k.", "attn_v.", "attn_output."})
+      if (t.name.find(part) != std::string::npos) return true;
+    return false;
+  };
+  auto image = testing_gguf::requantize(f32_file->gguf(), is_quantized);
+  auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
+  std::filesystem::create_directories(dir);
+  auto path = dir / "mixtral-tiny-q8_0.gguf";
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+    ASSERT_TRUE(out.good());
+  }
+
+  auto q8 = Model::load(path);
+  ASSERT_TRUE(q8.ok()) << q8.error().message;
+  auto f32 = Model::load(fixture_dir("mixtral-tiny") / "model.gguf");
+  ASSERT_TRUE(f32.ok()) << f32.error().message;
+
+  // Weights: the Q8_0 model holds exactly ggml's round trip of the f32 ones.
+  const Matrix& q8_q = (*q8)->weights().layers[0].q;
+  const Matrix& f32_q = (*f32)->weights().layers[0].q;
+  ASSERT_EQ(q8_q.format, WeightFormat::F32);
+  ASSERT_EQ(f32_q.format, WeightFormat::F32);
+  std::size_t n = static_cast<std::size_t>(f32_q.rows) * static_cast<std::size_t>(f32_q.cols);
+  auto requant = testing_gguf::quantize_q8_0(f32_q.f32(), n);
+  std::vector<float> expected(n);
+  dequantize_q8_0(requant.data(), n, expected.data());
+  EXPECT_EQ(std::vector<float>(q8_q.f32(), q8_q.f32() + n), expected);
+
+  nlohmann::json reference = load_reference("mixtral-tiny");
+  std::size_t positions = 0, agree = 0;
+  double sum_diff = 0.0, max_diff = 0.0;
+  std::size_t diff_count = 0;
+  for (const auto& prompt : reference["prompts"]) {
+    auto tokens = prompt["tokens"].get<std::vector<std::int32_t>>();
+    auto a = all_logits(*q8, tokens);
+    auto b = all_logits(*f32, tokens);
+    ASSERT_EQ(a.size(), b.size());
+    std::size_t prompt_agree = 0;
+    for (std::size_t pos = 0; pos < a.size(); ++pos) {
+      ++positions;
+      if (argmax(a[pos]) == argmax(b[pos])) ++agree, ++prompt_agree;
+      for (std::size_t id = 0; id < a[pos].size(); ++id) {
+        double d = std::fabs(static_cast<double>(a[pos][id]) - b[pos][id]);
+        sum_diff += d;
+        max_diff = std::max(max_diff, d);
+        ++diff_count;
+      }
+    }
+    std::printf("[gguf-q8_0] mixtral-tiny %s: top-1 agreement %zu/%zu\n",
+                prompt["prompt_id"].get<std::string>().c_str(), prompt_agree, a.size());
+  }
+  double agreement = static_cast<double>(agree) / static_cast<double>(positions);
+  std::printf("[gguf-q8_0] mixtral-tiny overall: top-1 agreement %.1f%% (%zu/%zu), mean |dlogit| %.4f, "
+              "max |dlogit| %.4f\n", 100.0 * agreement, agree, positions,
+              sum_diff / static_cast<double>(diff_count), max_diff);
+  EXPECT_GE(agreement, 0.90);
+  std::filesystem::remove(path);
+}
+
+TEST(GgufLoad, MissingGgufFileIsAClearError) {
+  auto model = Model::load(fixture_dir("mixtral-tiny") / "absent.gguf");
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.error().message.find("absent.gguf"), std::string::npos) << model.error().message;
+}
+
+}  // namespace
+}  // namespace colibri

@@ -1,0 +1,78 @@
+// colibri-convert: Hugging Face directory or GGUF file -> .colibri
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <unistd.h>
+
+#include "format/checkpoint.h"
+#include "format/colibri_writer.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "colibri-convert: convert a Hugging Face checkpoint or a GGUF file into one .colibri file.\n\n"
+      "Examples:\n"
+      "  colibri-convert --input ./Qwen1.5-MoE-A2.7B --output qwen-moe.colibri --quant int8\n"
+      "  colibri-convert --input olmoe-1b-7b.Q8_0.gguf --output olmoe.colibri --quant int4\n\n"
+      "Quantization schemes:\n"
+      "  int8  every matrix symmetric int8 (groups of --group values along a row, f32 scales;\n"
+      "        embedding rows one scale each); router, norms and biases f32\n"
+      "  int4  routed/shared experts 4-bit with a scale and minimum per group of --group4; the\n"
+      "        rest as int8\n"
+      "  f16, bf16, f32  every matrix in that type; router, norms and biases f32\n"};
+  std::string input, output, quant = "int8";
+  int group = 64, group4 = 32, num_experts = 0;
+  bool huge_align = false, no_progress = false;
+  app.add_option("-i,--input", input, "Hugging Face model directory or .gguf file")->required();
+  app.add_option("-o,--output", output, "The .colibri file to write")->required();
+  app.add_option("-q,--quant", quant, "int8, int4, f16, bf16 or f32")->capture_default_str();
+  app.add_option("--group", group, "int8: values per scale along a row")->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--group4", group4, "int4: values per scale and minimum along a row")->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--num-experts", num_experts,
+                 "Override the number of experts (for a config.json that lacks it)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--align-2m", huge_align, "Align expert blocks to 2 MiB (huge pages) instead of 4 KiB");
+  app.add_flag("--no-progress", no_progress, "Do not draw a progress bar");
+  CLI11_PARSE(app, argc, argv);
+
+  auto scheme = colibri::quant_scheme(quant);
+  if (!scheme) {
+    std::fprintf(stderr, "colibri-convert: %s\n", scheme.error().message.c_str());
+    return 2;
+  }
+  scheme->q8_group = group;
+  scheme->q4_group = group4;
+  auto checkpoint = colibri::open_checkpoint(input, num_experts);
+  if (!checkpoint) {
+    std::fprintf(stderr, "colibri-convert: %s\n", checkpoint.error().message.c_str());
+    return 1;
+  }
+
+  colibri::ConvertInput convert{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
+                                checkpoint->tokenizer_config_json, checkpoint->kind,
+                                checkpoint->source.get()};
+  colibri::WriteOptions options;
+  options.expert_alignment = huge_align ? (2u << 20) : 4096;
+  const bool draw = !no_progress && ::isatty(STDERR_FILENO);
+  options.progress = [draw](std::size_t done, std::size_t total) {
+    if (!draw) return;
+    const int width = 40;
+    const int filled = static_cast<int>(width * done / total);
+    std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu tensors", filled, "========================================",
+                 width - filled, "", done, total);
+    if (done == total) std::fputc('\n', stderr);
+  };
+  auto start = std::chrono::steady_clock::now();
+  auto status = colibri::write_colibri(output, convert, *scheme, options);
+  if (!status) {
+    std::fprintf(stderr, "colibri-convert: %s\n", status.error().message.c_str());
+    return 1;
+  }
+  auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "colibri-convert: wrote %s (%s, %s, %zu bytes) in %.2f s\n", output.c_str(),
+               std::string(checkpoint->config.arch->display_name).c_str(), quant.c_str(),
+               static_cast<std::size_t>(std::filesystem::file_size(output)), seconds);
+  return 0;
+}
