@@ -5,6 +5,7 @@
 
 #include "kernels/quantize.h"
 #include "kernels/reference.h"
+#include "moe/router.h"
 
 namespace colibri {
 
@@ -28,6 +29,7 @@ Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context)
   ffn_up_.resize(max_ff);
   ffn_out_.resize(c.hidden);
   router_.resize(c.n_experts);
+  router_logits_.resize(c.n_experts);
   chosen_.resize(c.top_k);
   chosen_weight_.resize(c.top_k);
   logits_.resize(c.vocab);
@@ -56,10 +58,12 @@ Result<std::span<const float>> Session::decode(std::int32_t token) {
     emit("attn_residual", l, x_.data(), c.hidden);
 
     ref::rmsnorm(x_.data(), layer.ffn_norm, c.hidden, c.rms_eps, xn_.data());
-    if (layer.is_moe)
-      moe_ffn(l);
-    else
+    if (layer.is_moe) {
+      Status status = moe_ffn(l);
+      if (!status.ok()) return make_error("layer {}: {}", l, status.error().message);
+    } else {
       dense_ffn(layer.dense, block_out_.data());
+    }
     emit("ffn_out", l, block_out_.data(), c.hidden);
     for (std::int32_t i = 0; i < c.hidden; ++i) x_[i] += block_out_[i];
     emit("layer_out", l, x_.data(), c.hidden);
@@ -140,28 +144,16 @@ void Session::dense_ffn(const FfnWeights& ffn, float* out) {
   ref::matvec(ffn.down, ffn_gate_.data(), out);
 }
 
-void Session::moe_ffn(std::int32_t l) {
+Status Session::moe_ffn(std::int32_t l) {
   const LayerWeights& layer = model_->weights().layers[static_cast<std::size_t>(l)];
   const ModelConfig& c = model_->config();
-  ref::matvec(layer.router, xn_.data(), router_.data());
-  emit("router_logits", l, router_.data(), c.n_experts);
-  ref::softmax(router_.data(), c.n_experts);
-
-  // Top-k by probability; ties go to the lower expert index.
-  for (std::int32_t slot = 0; slot < c.top_k; ++slot) {
-    std::int32_t best = -1;
-    for (std::int32_t e = 0; e < c.n_experts; ++e) {
-      if (std::find(chosen_.begin(), chosen_.begin() + slot, e) != chosen_.begin() + slot) continue;
-      if (best < 0 || router_[e] > router_[best]) best = e;
-    }
-    chosen_[slot] = best;
-    chosen_weight_[slot] = router_[best];
-  }
-  if (c.norm_topk) {
-    float sum = 0.0f;
-    for (std::int32_t slot = 0; slot < c.top_k; ++slot) sum += chosen_weight_[slot];
-    for (std::int32_t slot = 0; slot < c.top_k; ++slot) chosen_weight_[slot] /= sum;
-  }
+  ref::matvec(layer.router, xn_.data(), router_logits_.data());
+  emit("router_logits", l, router_logits_.data(), c.n_experts);
+  // Logits come from finite weights and activations; a failure here means the
+  // model produced NaN, which route_top_k reports rather than choosing garbage.
+  const RouterSpec spec{c.n_experts, c.top_k, c.norm_topk};
+  Status routed = route_top_k(spec, router_logits_, router_, chosen_, chosen_weight_);
+  if (!routed.ok()) return routed;
 
   std::fill(block_out_.begin(), block_out_.end(), 0.0f);
   for (std::int32_t slot = 0; slot < c.top_k; ++slot) {
@@ -175,6 +167,7 @@ void Session::moe_ffn(std::int32_t l) {
     float gate = ref::sigmoid(gate_logit);
     for (std::int32_t i = 0; i < c.hidden; ++i) block_out_[i] += gate * ffn_out_[i];
   }
+  return Status::Ok();
 }
 
 }  // namespace colibri

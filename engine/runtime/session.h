@@ -39,7 +39,7 @@ class Session {
 
  private:
   void attention(std::int32_t layer);
-  void moe_ffn(std::int32_t layer);
+  Status moe_ffn(std::int32_t layer);
   void dense_ffn(const FfnWeights& ffn, float* out);
   void emit(std::string_view name, std::int32_t layer, const float* data, std::int32_t n) const;
 
@@ -62,7 +62,8 @@ class Session {
   std::vector<float> ffn_gate_;   // [max ff]
   std::vector<float> ffn_up_;     // [max ff]
   std::vector<float> ffn_out_;    // [hidden]
-  std::vector<float> router_;     // [n_experts]
+  std::vector<float> router_logits_;  // [n_experts]
+  std::vector<float> router_;         // [n_experts] probabilities
   std::vector<std::int32_t> chosen_;
   std::vector<float> chosen_weight_;
   std::vector<float> logits_;     // [vocab]
