@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
       "  colibri-perplexity --model model-int8.colibri --kl-base ./model-dir --text held-out.txt\n"};
   std::string model_path, base_path, text_path;
   colibri::PerplexityOptions options;
-  bool json = false;
+  bool json = false, parse_special = false;
   app.add_option("-m,--model", model_path, "Model to score (directory, .gguf or .colibri)")->required();
   app.add_option("-t,--text", text_path, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   app.add_option("--kl-base", base_path, "Base model to compare next-token distributions with");
@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens", options.max_tokens, "Score at most this many tokens (0 = all)")
       ->capture_default_str();
   app.add_flag("--json", json, "Print the result as JSON");
+  app.add_flag("--parse-special", parse_special,
+               "Let special-token text in the file (e.g. <|endoftext|> between documents) become "
+               "control tokens");
   CLI11_PARSE(app, argc, argv);
 
   auto model = colibri::Model::load(model_path);
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   buffer << in.rdbuf();
   colibri::EncodeOptions encode;
   encode.add_special_tokens = false;
+  encode.parse_special = parse_special;
   auto tokens = (*model)->tokenizer().encode(buffer.str(), encode);
   if (!tokens) {
     std::fprintf(stderr, "colibri-perplexity: %s: %s\n", text_path.c_str(), tokens.error().message.c_str());
