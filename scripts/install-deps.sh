@@ -9,6 +9,14 @@ packages=(
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev
   libspdlog-dev libfmt-dev libcpp-httplib-dev
   python3
+  # clang's libFuzzer (tests/scripts/fuzz_colibri_parser.sh); libclang-rt-dev pulls
+  # the runtime matching the default clang (libclang-rt-14-dev on Debian 12).
+  clang libclang-rt-dev
+  # The Python binding's tests (tests/scripts/python_binding.sh); run with /usr/bin/python3.
+  python3-numpy python3-pytest
+  # colibri-server's gRPC API: protoc + grpc_cpp_plugin generate code from
+  # proto/colibri.proto at build time.
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
 )
 
 missing=()

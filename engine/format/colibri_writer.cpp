@@ -1,6 +1,7 @@
 #include "format/colibri_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
@@ -79,12 +81,22 @@ class TempFile {
         temp_(target_.string() + ".tmp-" + std::to_string(::getpid())) {}
   ~TempFile() {
     if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
+    // Only a file this object created is removed: never someone else's.
+    if (created_ && !committed_) ::unlink(temp_.c_str());
   }
 
-  Status open(std::uint64_t size) {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // `mode`: the new file's permission bits, set exactly (not filtered by the
+  // umask) so that a file replaced in place keeps the permissions it had.
+  Status open(std::uint64_t size, std::optional<mode_t> mode = std::nullopt) {
+    // A leftover from a crashed run with the same pid is stale; removing it first
+    // and then creating with O_EXCL means a symlink planted at this name can never
+    // redirect the write (O_TRUNC alone would follow it and truncate its target).
+    ::unlink(temp_.c_str());
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd_ < 0) return make_error("{}: cannot create: {}", temp_.string(), std::strerror(errno));
+    created_ = true;
+    if (mode && ::fchmod(fd_, *mode) != 0)
+      return make_error("{}: cannot set permissions: {}", temp_.string(), std::strerror(errno));
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
       return make_error("{}: cannot size to {} bytes: {}", temp_.string(), size, std::strerror(errno));
     return Status::Ok();
@@ -103,14 +115,30 @@ class TempFile {
     return Status::Ok();
   }
 
-  // fsync, then rename over the target: readers see the old file or the new one, whole.
+  // fsync, then rename over the target: readers see the old file or the new one,
+  // whole. The directory is synced too, or after a crash the rename itself may
+  // be lost and the old file come back.
   Status commit() {
     if (::fsync(fd_) != 0) return make_error("{}: fsync failed: {}", temp_.string(), std::strerror(errno));
-    ::close(fd_);
+    const int fd = fd_;
     fd_ = -1;
+    // close() can report a deferred write error (NFS and the like).
+    if (::close(fd) != 0) return make_error("{}: close failed: {}", temp_.string(), std::strerror(errno));
     if (::rename(temp_.c_str(), target_.c_str()) != 0)
       return make_error("{}: cannot rename to {}: {}", temp_.string(), target_.string(), std::strerror(errno));
     committed_ = true;
+    std::filesystem::path dir = target_.parent_path();
+    if (dir.empty()) dir = ".";
+    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0)
+      return make_error("{}: replaced, but its directory cannot be opened to sync: {}", target_.string(),
+                        std::strerror(errno));
+    const int synced = ::fsync(dir_fd);
+    const int sync_errno = errno;
+    ::close(dir_fd);
+    if (synced != 0)
+      return make_error("{}: replaced, but syncing its directory failed: {}", target_.string(),
+                        std::strerror(sync_errno));
     return Status::Ok();
   }
 
@@ -118,6 +146,7 @@ class TempFile {
   std::filesystem::path target_;
   std::filesystem::path temp_;
   int fd_ = -1;
+  bool created_ = false;
   bool committed_ = false;
 };
 
@@ -349,9 +378,15 @@ Result<PatchReport> patch_expert(const std::filesystem::path& target, const std:
   if (!donor_image) return donor_image.error();
 
   auto find_slot = [&](const ColibriImage& image, const std::filesystem::path& path) -> Result<std::size_t> {
-    for (std::size_t i = 0; i < image.experts.size(); ++i)
+    std::uint32_t layers = 0, experts = 0;
+    for (std::size_t i = 0; i < image.experts.size(); ++i) {
       if (image.experts[i].layer == layer && image.experts[i].expert == expert) return i;
-    return make_error("{}: has no block for layer {} expert {}", path.string(), layer, expert);
+      layers = std::max(layers, image.experts[i].layer + 1);
+      experts = std::max(experts, image.experts[i].expert + 1);
+    }
+    if (image.experts.empty()) return make_error("{}: has no expert blocks", path.string());
+    return make_error("{}: has no block for layer {} expert {} (its blocks are layers 0-{}, experts 0-{})",
+                      path.string(), layer, expert, layers - 1, experts - 1);
   };
   auto target_slot = find_slot(*target_image, target);
   if (!target_slot) return target_slot.error();
@@ -359,51 +394,86 @@ Result<PatchReport> patch_expert(const std::filesystem::path& target, const std:
   if (!donor_slot) return donor_slot.error();
   const ColibriExpert& old_block = target_image->experts[*target_slot];
   const ColibriExpert& new_block = donor_image->experts[*donor_slot];
-  if (old_block.size != new_block.size)
-    return make_error("layer {} expert {}: block is {} bytes in {} but {} in {}", layer, expert,
-                      old_block.size, target.string(), new_block.size, donor.string());
-  // The donor's block must hold the same tensors at the same places.
+
+  // The donor's block must hold the same tensors at the same places: checked
+  // tensor by tensor first, because "q8 in one file, q4 in the other" says more
+  // than the block sizes that follow from it.
+  auto describe = [](const ColibriTensor& t, const ColibriExpert& block) {
+    return fmt::format("{} [{}, {}] group {} at block offset {}", weight_format_name(t.format), t.rows, t.cols,
+                       t.group, t.offset - block.offset);
+  };
   std::vector<std::pair<std::size_t, const ColibriTensor*>> members;
   for (std::size_t i = 0; i < target_image->tensors.size(); ++i) {
     const ColibriTensor& t = target_image->tensors[i];
     if (t.expert_slot != *target_slot) continue;
     const ColibriTensor* d = donor_image->find(t.name);
-    if (d == nullptr || d->expert_slot != *donor_slot || d->format != t.format || d->rows != t.rows ||
-        d->cols != t.cols || d->group != t.group || d->offset - new_block.offset != t.offset - old_block.offset)
-      return make_error("layer {} expert {}: tensor '{}' differs in layout between {} and {}", layer,
-                        expert, t.name, target.string(), donor.string());
+    if (d == nullptr)
+      return make_error("layer {} expert {}: {} has no tensor '{}' (is it the same architecture?)", layer, expert,
+                        donor.string(), t.name);
+    if (d->expert_slot != *donor_slot)
+      return make_error("layer {} expert {}: {} holds tensor '{}' outside that expert's block", layer, expert,
+                        donor.string(), t.name);
+    if (d->format != t.format || d->rows != t.rows || d->cols != t.cols || d->group != t.group ||
+        d->offset - new_block.offset != t.offset - old_block.offset)
+      return make_error("layer {} expert {}: tensor '{}' differs in layout: {} in {} but {} in {}", layer, expert,
+                        t.name, describe(t, old_block), target.string(), describe(*d, new_block), donor.string());
     members.emplace_back(i, d);
   }
+  // ...and nothing else: a donor tensor the target lacks would be copied in as
+  // bytes no directory entry describes.
+  const auto donor_members = std::count_if(donor_image->tensors.begin(), donor_image->tensors.end(),
+                                           [&](const ColibriTensor& t) { return t.expert_slot == *donor_slot; });
+  if (static_cast<std::size_t>(donor_members) != members.size())
+    return make_error("layer {} expert {}: the block holds {} tensors in {} but {} in {}", layer, expert,
+                      members.size(), target.string(), donor_members, donor.string());
+  if (old_block.size != new_block.size)
+    return make_error("layer {} expert {}: block is {} bytes in {} but {} in {}", layer, expert,
+                      old_block.size, target.string(), new_block.size, donor.string());
+
+  // The new file's checksums are taken from the donor, so the donor's bytes must
+  // match them now: recomputing them from damaged bytes would bless the damage.
+  const auto donor_bytes = donor_image->expert_bytes(new_block);
+  if (colibri_checksum(donor_bytes) != new_block.checksum)
+    return make_error("{}: the block of layer {} expert {} fails its checksum; refusing to copy it",
+                      donor.string(), layer, expert);
+  for (const auto& [i, d] : members)
+    if (colibri_checksum(donor_image->tensor_bytes(*d)) != d->checksum)
+      return make_error("{}: tensor '{}' fails its checksum; refusing to copy it", donor.string(), d->name);
 
   const ColibriHeader& h = target_image->header;
-  const auto donor_bytes = donor_image->expert_bytes(new_block);
   const auto old_bytes = target_image->expert_bytes(old_block);
   PatchReport report;
   report.block_bytes = old_block.size;
   for (std::size_t i = 0; i < old_bytes.size(); ++i) report.changed_bytes += old_bytes[i] != donor_bytes[i];
 
   // Directory and index as they are in the target, with the block's checksums replaced.
-  const auto& bytes = target_file->bytes();
-  std::vector<std::uint8_t> directory(bytes.begin() + static_cast<std::ptrdiff_t>(h.directory_offset),
-                                      bytes.begin() + static_cast<std::ptrdiff_t>(h.directory_offset + h.tensor_count * cf::kDirectoryEntrySize));
-  std::vector<std::uint8_t> index(bytes.begin() + static_cast<std::ptrdiff_t>(h.index_offset),
-                                  bytes.begin() + static_cast<std::ptrdiff_t>(h.index_offset + h.expert_count * cf::kIndexEntrySize));
-  auto count_changes = [&report](std::vector<std::uint8_t>& region, std::size_t at, std::uint64_t value) {
+  const auto bytes = target_file->bytes();
+  auto region = [&bytes](std::uint64_t offset, std::uint64_t size) {
+    return std::vector<std::uint8_t>(bytes.begin() + static_cast<std::ptrdiff_t>(offset),
+                                     bytes.begin() + static_cast<std::ptrdiff_t>(offset + size));
+  };
+  std::vector<std::uint8_t> directory = region(h.directory_offset, h.tensor_count * cf::kDirectoryEntrySize);
+  std::vector<std::uint8_t> index = region(h.index_offset, h.expert_count * cf::kIndexEntrySize);
+  auto count_changes = [&report](std::vector<std::uint8_t>& bytes_out, std::size_t at, std::uint64_t value) {
     std::uint8_t before[8];
-    std::memcpy(before, region.data() + at, 8);
-    store<std::uint64_t>(region, at, value);
-    for (int i = 0; i < 8; ++i) report.changed_bytes += before[i] != region[at + static_cast<std::size_t>(i)];
+    std::memcpy(before, bytes_out.data() + at, 8);
+    store<std::uint64_t>(bytes_out, at, value);
+    for (int i = 0; i < 8; ++i) report.changed_bytes += before[i] != bytes_out[at + static_cast<std::size_t>(i)];
   };
   for (const auto& [i, d] : members) count_changes(directory, i * cf::kDirectoryEntrySize + 48, d->checksum);
-  count_changes(index, *target_slot * cf::kIndexEntrySize + 24, colibri_checksum(donor_bytes));
+  count_changes(index, *target_slot * cf::kIndexEntrySize + 24, new_block.checksum);
 
-  std::vector<std::uint8_t> header(bytes.begin(), bytes.begin() + cf::kHeaderSize);
+  std::vector<std::uint8_t> header = region(0, cf::kHeaderSize);
   const std::string_view metadata(reinterpret_cast<const char*>(bytes.data() + h.metadata_offset), h.metadata_size);
   const std::string_view strings(reinterpret_cast<const char*>(bytes.data() + h.strings_offset), h.strings_size);
   count_changes(header, 120, header_checksum(header, metadata, strings, directory, index));
 
+  // A file replaced in place keeps its permissions.
+  std::error_code ec;
+  const auto permissions = std::filesystem::status(target, ec).permissions();
+  if (ec) return make_error("{}: cannot stat: {}", target.string(), ec.message());
   TempFile file(output);
-  COLIBRI_TRY(file.open(h.file_size));
+  COLIBRI_TRY(file.open(h.file_size, static_cast<mode_t>(permissions & std::filesystem::perms::mask)));
   constexpr std::size_t kChunk = 8u << 20;
   for (std::uint64_t at = 0; at < h.file_size; at += kChunk)
     COLIBRI_TRY(file.write_at(at, bytes.data() + at, std::min<std::uint64_t>(kChunk, h.file_size - at)));

@@ -194,19 +194,22 @@ def main():
     ap.add_argument("--tie", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=256, help="training context")
     ap.add_argument("--max-pos", type=int, default=None, help="config max_position_embeddings (default ctx)")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--aux-coef", type=float, default=0.02)
     ap.add_argument("--eval-ctx", type=int, default=256)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-windows", type=int, default=48, help="valid windows for periodic eval")
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-windows", type=int, default=16, help="valid windows for periodic eval")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bench", type=int, default=0, help="only time this many steps, write nothing")
+    ap.add_argument("--eval-fp32", type=int, default=0, help="also evaluate the unrounded fp32 weights")
+    ap.add_argument("--final-eval-limit", type=int, default=0,
+                    help="smoke tests only: evaluate just this many held-out windows")
     a = ap.parse_args()
     a.tie = bool(a.tie)
     a.max_pos = a.max_pos or a.ctx
@@ -239,7 +242,7 @@ def main():
     print(f"params {n_params} ({n_params * 2 / 1e6:.2f} MB bf16), active/token {per_tok}", flush=True)
 
     if not a.bench:
-        ppl0, _ = evaluate(bf16_copy(model), valid_stream, a.eval_ctx)
+        ppl0, _ = evaluate(bf16_copy(model), valid_stream, a.eval_ctx, limit=a.final_eval_limit)
         print(f"untrained model: held-out ppl {ppl0:.2f}", flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -287,11 +290,10 @@ def main():
         return
 
     t0 = time.time()
-    ppl32, n_pred = evaluate(model, valid_stream, a.eval_ctx)
-    mbf = bf16_copy(model)
-    ppl16, _ = evaluate(mbf, valid_stream, a.eval_ctx)
+    ppl16, n_pred = evaluate(bf16_copy(model), valid_stream, a.eval_ctx, limit=a.final_eval_limit)
+    ppl32 = evaluate(model, valid_stream, a.eval_ctx, limit=a.final_eval_limit)[0] if a.eval_fp32 else None
     t_eval = time.time() - t0
-    print(f"held-out ppl: bf16 weights {ppl16:.3f}, fp32 weights {ppl32:.3f} ({n_pred} predicted tokens)",
+    print(f"held-out ppl: bf16 weights {ppl16:.3f}, fp32 weights {ppl32} ({n_pred} predicted tokens)",
           flush=True)
 
     os.makedirs(a.out, exist_ok=True)
@@ -335,7 +337,7 @@ def main():
         "final_train_loss": round(sum(r["loss"] for r in last) / len(last), 4),
         "final_train_loss_note": "mean cross-entropy (nats/token) over the last 50 steps",
         "val_perplexity": round(ppl16, 3),
-        "val_perplexity_fp32_weights": round(ppl32, 3),
+        "val_perplexity_fp32_weights": None if ppl32 is None else round(ppl32, 3),
         "val_loss": round(math.log(ppl16), 4),
         "untrained_val_perplexity": round(ppl0, 3),
         "val_predicted_tokens": n_pred,
@@ -358,6 +360,8 @@ def main():
     with open(os.path.join(a.out, "training_report.json"), "w") as f:
         json.dump(report, f, indent=1)
         f.write("\n")
+    import write_readme
+    write_readme.write(a.out)
     print(f"wrote {a.out} (model.safetensors {size} bytes), total {time.time() - t_start:.0f}s", flush=True)
 
 

@@ -1,0 +1,280 @@
+// Matrix-vector kernels per weight format and instruction-set path at decode
+// shapes, in bytes of weights read per second, next to the machine's read
+// bandwidth measured by the same binary in the same run (read_bandwidth.cpp)
+// so that the fraction of the roofline is honest.
+//
+// "cold" shapes cycle through copies of the matrix spanning more memory than
+// any cache (COLIBRI_BENCH_POOL_MB, default 1024), as decode reads expert and
+// lm_head weights from DRAM; "hot" reads one copy again and again (L2/L3) and
+// shows the compute ceiling. Threads split rows with the ThreadTeam exactly as
+// Session does. int8-activation variants quantize x once outside the loop, as
+// Session does once per input vector for all matrices that read it.
+//
+//   cmake --build build --target colibri-kernel-bench
+//   build/bench/colibri-kernel-bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "kernels/quantize.h"
+#include "read_bandwidth.h"
+#include "runtime/thread_team.h"
+
+namespace colibri::bench {
+namespace {
+
+using kernels::Isa;
+
+struct Shape {
+  const char* name;
+  std::int32_t rows, cols;
+  bool hot;
+};
+constexpr Shape kShapes[] = {
+    {"gate_2048x1024", 2048, 1024, false},
+    {"down_1024x2048", 1024, 2048, false},
+    {"lm_head_50304x2048", 50304, 2048, false},
+    {"gate_2048x1024_hot", 2048, 1024, true},
+};
+
+struct Variant {
+  WeightFormat format;
+  bool int8_activations;
+  bool residual;  // two int8 planes (ActivationQ8::residual)
+  const char* name;
+};
+constexpr Variant kVariants[] = {
+    {WeightFormat::F32, false, false, "f32"},          {WeightFormat::F16, false, false, "f16"},
+    {WeightFormat::BF16, false, false, "bf16"},        {WeightFormat::Q8, true, false, "q8_int8act"},
+    {WeightFormat::Q8, true, true, "q8_int8x2act"},    {WeightFormat::Q8, false, false, "q8_f32act"},
+    {WeightFormat::Q4, true, false, "q4_int8act"},     {WeightFormat::Q4, true, true, "q4_int8x2act"},
+    {WeightFormat::Q4, false, false, "q4_f32act"},
+};
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{4096}); }
+};
+using AlignedBytes = std::unique_ptr<std::byte, AlignedFree>;
+AlignedBytes allocate(std::size_t bytes) {
+  auto* p = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{4096}));
+  std::memset(p, 0, bytes);  // fault every page in before timing
+  return AlignedBytes(p);
+}
+
+std::size_t pool_bytes() {
+  const char* env = std::getenv("COLIBRI_BENCH_POOL_MB");
+  return static_cast<std::size_t>(env != nullptr ? std::atol(env) : 1024) << 20;
+}
+
+// Copies of one matrix, back to back, enough to span pool_bytes().
+struct Pool {
+  WeightFormat format{};
+  const Shape* shape = nullptr;
+  std::size_t matrix_bytes = 0;
+  AlignedBytes bytes;
+  std::vector<Matrix> views;
+};
+
+Pool& pool_for(WeightFormat format, const Shape& shape) {
+  static Pool pool;  // one at a time: benchmarks are registered grouped by pool
+  if (pool.shape == &shape && pool.format == format) return pool;
+  pool = Pool{};
+  const std::int32_t group = format == WeightFormat::Q8 ? 64 : format == WeightFormat::Q4 ? 32 : 0;
+  const WeightLayout layout = *weight_layout(format, static_cast<std::uint64_t>(shape.rows),
+                                             static_cast<std::uint64_t>(shape.cols), static_cast<std::uint32_t>(group));
+  const std::size_t stride = align_up(layout.total_bytes, 4096);
+  const std::size_t copies = shape.hot ? 1 : std::max<std::size_t>(2, (pool_bytes() + stride - 1) / stride);
+  pool.bytes = allocate(stride * copies);
+  {
+    // Weights of a trained layer's scale; a cheap generator, the values do not matter.
+    std::vector<float> values(static_cast<std::size_t>(shape.rows) * shape.cols);
+    std::uint32_t state = 12345;
+    for (float& v : values) {
+      state = state * 1664525u + 1013904223u;
+      v = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    quantize_weights(format, shape.rows, shape.cols, group, values.data(),
+                     reinterpret_cast<std::uint8_t*>(pool.bytes.get()));
+  }
+  for (std::size_t i = 0; i < copies; ++i) {
+    auto* at = reinterpret_cast<std::uint8_t*>(pool.bytes.get()) + i * stride;
+    if (i > 0) std::memcpy(at, pool.bytes.get(), layout.total_bytes);
+    pool.views.push_back(matrix_view(format, shape.rows, shape.cols, group, at));
+  }
+  pool.format = format;
+  pool.shape = &shape;
+  pool.matrix_bytes = layout.total_bytes;
+  return pool;
+}
+
+std::vector<std::int32_t> allowed_cores() {
+  std::vector<std::int32_t> cores;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cores.push_back(c);
+  return cores;
+}
+
+// Teams of 1 and 2 members; the 2-member team pins the caller and its worker.
+ThreadTeam& team(std::int32_t threads) {
+  static std::map<std::int32_t, std::unique_ptr<ThreadTeam>> teams;
+  auto& t = teams[threads];
+  if (!t) {
+    std::vector<std::int32_t> cores = allowed_cores();
+    if (static_cast<std::int32_t>(cores.size()) >= threads && threads > 1) {
+      cores.resize(static_cast<std::size_t>(threads));
+      t = std::make_unique<ThreadTeam>(threads, cores);
+      t->pin_caller();
+    } else {
+      t = std::make_unique<ThreadTeam>(threads);
+    }
+  }
+  return *t;
+}
+
+// ---- read bandwidth ------------------------------------------------------------
+
+constexpr std::int32_t kReadBlock = 1 << 20;  // bytes a member reads per claimed range
+
+struct ReadBuffer {
+  AlignedBytes bytes;
+  std::size_t size = 0;
+};
+ReadBuffer& read_buffer() {
+  static ReadBuffer buffer;
+  if (!buffer.bytes) {
+    buffer.size = pool_bytes() / kReadBlock * kReadBlock;
+    buffer.bytes = allocate(buffer.size);
+  }
+  return buffer;
+}
+
+// One pass over the buffer split across the team like a matvec's rows.
+std::uint64_t read_pass(std::int32_t threads) {
+  ReadBuffer& buffer = read_buffer();
+  std::uint64_t sinks[8] = {};
+  const auto blocks = static_cast<std::int32_t>(buffer.size / kReadBlock);
+  team(threads).parallel_for(blocks, 1, [&](std::int32_t member, std::int32_t begin, std::int32_t end) {
+    sinks[member % 8] ^= read_bytes(buffer.bytes.get() + static_cast<std::size_t>(begin) * kReadBlock,
+                                    static_cast<std::size_t>(end - begin) * kReadBlock);
+  });
+  return sinks[0] ^ sinks[1];
+}
+
+// Measured before the benchmarks run: median of 7 passes, bytes per second.
+std::map<std::int32_t, double> g_read_bandwidth;
+
+double measure_read_bandwidth(std::int32_t threads) {
+  read_pass(threads);  // warm-up
+  std::vector<double> rates;
+  for (int i = 0; i < 7; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_pass(threads));
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    rates.push_back(static_cast<double>(read_buffer().size) / seconds.count());
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+void BM_ReadBandwidth(benchmark::State& state, std::int32_t threads) {
+  for (auto _ : state) benchmark::DoNotOptimize(read_pass(threads));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(read_buffer().size));
+}
+
+// ---- matrix-vector products ----------------------------------------------------
+
+void BM_Matvec(benchmark::State& state, Variant variant, const Shape* shape, Isa isa, std::int32_t threads) {
+  const Isa previous = kernels::active_isa();
+  if (!kernels::force_isa(isa)) {
+    state.SkipWithError("path not supported here");
+    return;
+  }
+  Pool& pool = pool_for(variant.format, *shape);
+  std::vector<float> x(static_cast<std::size_t>(shape->cols)), y(static_cast<std::size_t>(shape->rows));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
+  kernels::ActivationQ8 xq;
+  const kernels::ActivationQ8* xq_ptr = nullptr;
+  if (variant.int8_activations) {
+    kernels::quantize_activation(x.data(), shape->cols, pool.views[0].group, xq, variant.residual);
+    xq_ptr = &xq;
+  }
+  ThreadTeam& t = team(threads);
+  std::size_t next = 0;
+  for (auto _ : state) {
+    const Matrix& m = pool.views[next++ % pool.views.size()];
+    t.parallel_for(m.rows, 16, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
+      kernels::matvec(m, x.data(), xq_ptr, y.data(), begin, end);
+    });
+    benchmark::ClobberMemory();
+  }
+  const auto bytes = static_cast<double>(state.iterations()) * static_cast<double>(pool.matrix_bytes);
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+  // bytes / read bandwidth per second of run time = fraction of the roofline.
+  state.counters["of_read_bw"] = benchmark::Counter(bytes / g_read_bandwidth[threads], benchmark::Counter::kIsRate);
+  kernels::force_isa(previous);
+}
+
+void BM_QuantizeActivation(benchmark::State& state, bool residual) {
+  std::vector<float> x(2048);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
+  kernels::ActivationQ8 xq;
+  for (auto _ : state) {
+    kernels::quantize_activation(x.data(), 2048, 64, xq, residual);
+    benchmark::DoNotOptimize(xq.q.data());
+  }
+}
+
+void register_benchmarks() {
+  for (std::int32_t threads : {1, 2})
+    benchmark::RegisterBenchmark(("read_bandwidth/threads:" + std::to_string(threads)).c_str(), BM_ReadBandwidth, threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("quantize_activation/2048", BM_QuantizeActivation, false);
+  benchmark::RegisterBenchmark("quantize_activation/2048/residual", BM_QuantizeActivation, true);
+  // Grouped by (format, shape) so each pool of copies is built once.
+  for (WeightFormat format : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4})
+    for (const Shape& shape : kShapes)
+      for (const Variant& variant : kVariants) {
+        if (variant.format != format) continue;
+        for (Isa isa : kernels::supported_isas())
+          for (std::int32_t threads : {1, 2}) {
+            const std::string name = std::string("matvec/") + variant.name + "/" + shape.name + "/" +
+                                     std::string(kernels::isa_name(isa)) + "/threads:" + std::to_string(threads);
+            benchmark::RegisterBenchmark(name.c_str(), BM_Matvec, variant, &shape, isa, threads)
+                ->UseRealTime()
+                ->MinTime(0.2)
+                ->Unit(benchmark::kMicrosecond);
+          }
+      }
+}
+
+}  // namespace
+}  // namespace colibri::bench
+
+int main(int argc, char** argv) {
+  using namespace colibri::bench;
+  benchmark::Initialize(&argc, argv);
+  for (std::int32_t threads : {1, 2}) {
+    g_read_bandwidth[threads] = measure_read_bandwidth(threads);
+    std::fprintf(stderr, "read bandwidth, %d thread(s): %.2f GB/s (median of 7 passes over %zu MB)\n", threads,
+                 g_read_bandwidth[threads] / 1e9, read_buffer().size >> 20);
+  }
+  register_benchmarks();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,400 @@
+/*
+ * colibri.h - the stable C interface of libcolibri.
+ *
+ * Plain C (C99 or later; also valid C++), no C++ types, no exception ever
+ * leaves a function declared here. Link with -lcolibri (libcolibri.so).
+ *
+ * ---------------------------------------------------------------------------
+ * Errors
+ * ---------------------------------------------------------------------------
+ * Every function that can fail returns a colibri_status. COLIBRI_OK (0) means
+ * success; any other value is an error and colibri_last_error() then returns a
+ * human-readable message naming the function, the argument and the value.
+ * On error, out-parameters that are handles or buffers (colibri_model**,
+ * colibri_result**, int32_t**, char**, colibri_router**) are set to NULL when
+ * the out-pointer itself is not NULL; caller-provided output arrays (routing
+ * experts/weights) have unspecified contents.
+ *
+ *   COLIBRI_OK                    success.
+ *   COLIBRI_ERR_INVALID_ARGUMENT  a value is not allowed: num_experts < 1, top_k
+ *                                 outside [1, num_experts], NaN or infinite gate
+ *                                 logits, sampling parameters out of range, an
+ *                                 unknown flag bit or enum value, a boolean field
+ *                                 not 0/1, a struct whose struct_size does not
+ *                                 match this header, text that is not valid
+ *                                 UTF-8, an empty prompt.
+ *   COLIBRI_ERR_NULL_POINTER      a required pointer argument (or a stop string)
+ *                                 is NULL.
+ *   COLIBRI_ERR_LOAD              a model could not be loaded: missing or
+ *                                 unreadable file, unsupported architecture,
+ *                                 corrupt or inconsistent weights, bad tokenizer.
+ *   COLIBRI_ERR_OUT_OF_RANGE      a token id is outside [0, vocab), n_ctx is
+ *                                 larger than the model's maximum, num_experts is
+ *                                 above COLIBRI_MAX_EXPERTS, or a size computation
+ *                                 (n_tokens * num_experts) overflows.
+ *   COLIBRI_ERR_CONTEXT_FULL      the prompt has more tokens than the context
+ *                                 (n_ctx) holds. (Running out of context while
+ *                                 generating is not an error: the result's
+ *                                 finish_reason is COLIBRI_FINISH_CONTEXT_FULL.)
+ *   COLIBRI_ERR_UNSUPPORTED       the request is well-formed but this build
+ *                                 cannot do it (see colibri_set_cache_policy).
+ *   COLIBRI_ERR_OUT_OF_MEMORY     an allocation failed; nothing was changed.
+ *   COLIBRI_ERR_INTERNAL          an unexpected failure inside the engine (for
+ *                                 instance a model whose logits are all NaN);
+ *                                 the message says what happened.
+ *
+ * colibri_last_error() is thread-local: it describes the last call made on
+ * the calling thread that returns a colibri_status (it is "" after a call
+ * that succeeded). The pointer stays valid until the next such call on the
+ * same thread. Functions returning void or a static string never change it.
+ *
+ * ---------------------------------------------------------------------------
+ * Ownership
+ * ---------------------------------------------------------------------------
+ * Everything the library allocates is released by exactly one matching call,
+ * each of which accepts NULL and then does nothing:
+ *   colibri_model*   colibri_load_model        -> colibri_unload_model
+ *   colibri_result*  colibri_inference[_tokens] -> colibri_free_result
+ *                    (its tokens and text belong to it: do not free them)
+ *   int32_t*         colibri_tokenize          -> colibri_free_tokens
+ *   char*            colibri_detokenize        -> colibri_free_text
+ *   colibri_router*  colibri_init[_with_config] -> colibri_free
+ * Pointers passed in (paths, prompts, logits, option structs, stop strings,
+ * output arrays) are borrowed for the duration of the call only; the library
+ * keeps none of them. Strings returned by colibri_version,
+ * colibri_status_name and colibri_finish_reason_name are static. The strings
+ * in a colibri_model_stats belong to the model and live until it is unloaded.
+ * Library buffers (result tokens/text, tokenize output) are never NULL on
+ * success, even when their length is 0.
+ *
+ * ---------------------------------------------------------------------------
+ * Thread safety
+ * ---------------------------------------------------------------------------
+ * A loaded model is immutable: any number of threads may call
+ * colibri_inference[_tokens], colibri_tokenize, colibri_detokenize and
+ * colibri_model_info on the same model at once (each inference has its own
+ * context). colibri_unload_model must not run concurrently with any other call
+ * that uses that model. A router keeps scratch memory so that routing never
+ * allocates: use a router from one thread at a time (create one per thread;
+ * they are small). Distinct routers, results and buffers are independent.
+ *
+ * ---------------------------------------------------------------------------
+ * Versioned structs
+ * ---------------------------------------------------------------------------
+ * Each struct passed in either direction starts with `size_t struct_size`,
+ * which must equal sizeof(the struct) as seen by the caller's header; a
+ * mismatch is COLIBRI_ERR_INVALID_ARGUMENT, so a program built against another
+ * version of this header fails loudly instead of being misread. Obtain input
+ * structs from their *_default() function, which fills struct_size and the
+ * defaults, then change the fields you need. New fields are only ever appended.
+ */
+#ifndef COLIBRI_COLIBRI_H
+#define COLIBRI_COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(COLIBRI_BUILDING_LIBRARY)
+#    define COLIBRI_API __declspec(dllexport)
+#  else
+#    define COLIBRI_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#  define COLIBRI_API __attribute__((visibility("default")))
+#else
+#  define COLIBRI_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this interface. It changes only when an existing declaration
+ * changes incompatibly (additions keep it); compare with colibri_abi_version()
+ * to detect a mismatched libcolibri at run time. */
+#define COLIBRI_ABI_VERSION 1
+
+/* ========================================================================= */
+/* Status codes and errors                                                    */
+/* ========================================================================= */
+
+typedef enum colibri_status {
+  COLIBRI_OK = 0,
+  COLIBRI_ERR_INVALID_ARGUMENT = 1,
+  COLIBRI_ERR_NULL_POINTER = 2,
+  COLIBRI_ERR_LOAD = 3,
+  COLIBRI_ERR_OUT_OF_RANGE = 4,
+  COLIBRI_ERR_CONTEXT_FULL = 5,
+  COLIBRI_ERR_UNSUPPORTED = 6,
+  COLIBRI_ERR_OUT_OF_MEMORY = 7,
+  COLIBRI_ERR_INTERNAL = 8
+} colibri_status;
+
+/* The message of the last failed call on this thread ("" if it succeeded).
+ * Never NULL. Valid until the next status-returning call on this thread. */
+COLIBRI_API const char* colibri_last_error(void);
+
+/* The enumerator's name, e.g. "COLIBRI_ERR_LOAD"; "COLIBRI_UNKNOWN_STATUS" for
+ * a value not listed above. Static storage. */
+COLIBRI_API const char* colibri_status_name(colibri_status status);
+
+/* Library version, e.g. "0.1.0". Static storage. */
+COLIBRI_API const char* colibri_version(void);
+
+/* The COLIBRI_ABI_VERSION the library was built with. */
+COLIBRI_API int32_t colibri_abi_version(void);
+
+/* ========================================================================= */
+/* Models                                                                     */
+/* ========================================================================= */
+
+typedef struct colibri_model colibri_model;
+
+typedef struct colibri_load_options {
+  size_t struct_size;        /* sizeof(colibri_load_options) */
+  int32_t verify_checksums;  /* 0 or 1. .colibri files: recompute every tensor
+                                checksum before use (the header checksum is
+                                always checked). Default 0. */
+} colibri_load_options;
+
+/* struct_size set, every field at its default. */
+COLIBRI_API colibri_load_options colibri_load_options_default(void);
+
+/* Loads a model from `path` (UTF-8, NUL-terminated):
+ *   - a .colibri file (mapped in place),
+ *   - a GGUF file (F32/F16/BF16/Q8_0 tensors, converted to f32),
+ *   - a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
+ *     tokenizer_config.json; converted to f32).
+ * `options` may be NULL (defaults). On success *out is a new model handle.
+ * Errors: NULL_POINTER (path, out), INVALID_ARGUMENT (options), LOAD,
+ * OUT_OF_MEMORY, INTERNAL. */
+COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_load_options* options,
+                                              colibri_model** out);
+
+/* Releases a model. NULL is a no-op. No other call may be using it. */
+COLIBRI_API void colibri_unload_model(colibri_model* model);
+
+typedef struct colibri_model_stats {
+  size_t struct_size;         /* caller sets sizeof(colibri_model_stats) */
+  const char* arch;           /* config.json model_type, e.g. "mixtral" */
+  const char* arch_name;      /* display name, e.g. "Mixtral" */
+  const char* weight_scheme;  /* "f32" for checkpoints converted at load, else
+                                 the .colibri file's quantization scheme */
+  const char* path;           /* what the model was loaded from */
+  int32_t n_layers;
+  int32_t n_moe_layers;       /* layers with a routed-expert FFN */
+  int32_t hidden;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+  int32_t vocab;
+  int32_t n_experts;          /* routed experts per MoE layer */
+  int32_t top_k;              /* experts chosen per token */
+  int32_t norm_top_k;         /* 1: the top-k weights are renormalised */
+  int32_t expert_ff;
+  int32_t shared_ff;          /* 0: no shared expert */
+  int32_t max_positions;      /* the largest n_ctx accepted */
+  int32_t bos_token_id;       /* -1 when the model has none */
+  int32_t eos_token_id;       /* -1 when the model has none */
+  uint64_t weight_bytes;      /* bytes of weights held (mapped or in memory) */
+} colibri_model_stats;
+
+/* Fills *out (whose struct_size the caller has set). The strings belong to
+ * the model. Errors: NULL_POINTER, INVALID_ARGUMENT (struct_size). */
+COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibri_model_stats* out);
+
+/* ========================================================================= */
+/* Tokenizer                                                                  */
+/* ========================================================================= */
+
+/* Flags of colibri_tokenize (OR them together). */
+#define COLIBRI_TOKENIZE_ADD_SPECIAL 1u   /* add BOS/EOS as the model's tokenizer prescribes */
+#define COLIBRI_TOKENIZE_PARSE_SPECIAL 2u /* let special-token text (e.g. "<|im_start|>") in
+                                             the input become control tokens */
+
+/* Encodes NUL-terminated UTF-8 `text` into a buffer the library allocates:
+ * *tokens_out (free it with colibri_free_tokens) holds *n_tokens_out ids.
+ * Errors: NULL_POINTER (model, text, tokens_out, n_tokens_out),
+ * INVALID_ARGUMENT (unknown flag bits, invalid UTF-8), OUT_OF_MEMORY. */
+COLIBRI_API colibri_status colibri_tokenize(const colibri_model* model, const char* text, uint32_t flags,
+                                            int32_t** tokens_out, size_t* n_tokens_out);
+
+/* Releases a buffer from colibri_tokenize. NULL is a no-op. */
+COLIBRI_API void colibri_free_tokens(int32_t* tokens);
+
+/* Flags of colibri_detokenize. */
+#define COLIBRI_DETOKENIZE_SKIP_SPECIAL 1u /* leave special tokens (BOS, EOS, ...) out */
+
+/* Decodes `n_tokens` ids into NUL-terminated UTF-8 text the library allocates:
+ * *text_out (free it with colibri_free_text), *text_len_out bytes before the
+ * NUL. `tokens` may be NULL only when n_tokens is 0.
+ * Errors: NULL_POINTER, INVALID_ARGUMENT (unknown flag bits), OUT_OF_RANGE
+ * (an id outside [0, vocab)), OUT_OF_MEMORY. */
+COLIBRI_API colibri_status colibri_detokenize(const colibri_model* model, const int32_t* tokens, size_t n_tokens,
+                                              uint32_t flags, char** text_out, size_t* text_len_out);
+
+/* Releases text from colibri_detokenize. NULL is a no-op. */
+COLIBRI_API void colibri_free_text(char* text);
+
+/* ========================================================================= */
+/* Generation                                                                 */
+/* ========================================================================= */
+
+/* Receives generated UTF-8 text as soon as it is complete (`text` is not
+ * NUL-terminated; `len` bytes). Return nonzero to go on, 0 to stop: the
+ * result then has finish_reason COLIBRI_FINISH_CANCELLED. Runs on the thread
+ * that called colibri_inference, before it returns. */
+typedef int (*colibri_text_callback)(const char* text, size_t len, void* user_data);
+
+typedef struct colibri_inference_params {
+  size_t struct_size;          /* sizeof(colibri_inference_params) */
+  int32_t max_tokens;          /* tokens to generate, >= 0. Default 128. */
+  int32_t n_ctx;               /* context positions (prompt + generated); 0 = the
+                                  model's maximum capped at 4096 (default);
+                                  at most colibri_model_stats.max_positions. */
+  /* Sampling, in the engine's order: penalties, top_k, top_p, min_p,
+   * temperature, seeded draw. The defaults are greedy decoding. */
+  float temperature;           /* >= 0, 0 = greedy (argmax, ties to the lowest id). Default 0. */
+  int32_t top_k;               /* >= 0, 0 = off. Default 0. */
+  float top_p;                 /* (0, 1], 1 = off. Default 1. */
+  float min_p;                 /* [0, 1], 0 = off. Default 0. */
+  float repetition_penalty;    /* > 0, 1 = off. Default 1. */
+  float presence_penalty;      /* [-2, 2], 0 = off. Default 0. */
+  float frequency_penalty;     /* [-2, 2], 0 = off. Default 0. */
+  int32_t penalty_last_n;      /* >= -1: history the penalties see (-1 = all). Default 64. */
+  uint64_t seed;               /* random seed for sampling. Default 0. */
+  int32_t ignore_eos;          /* 0 or 1: 1 = keep generating past end-of-sequence. Default 0. */
+  int32_t add_special_tokens;  /* 0 or 1: text prompts get BOS/EOS as the tokenizer
+                                  prescribes. Default 1. (Ignored by _tokens.) */
+  int32_t parse_special;       /* 0 or 1: special-token text in a text prompt becomes
+                                  control tokens. Default 0. (Ignored by _tokens.) */
+  const char* const* stop;     /* n_stop NUL-terminated stop strings (may be NULL when
+                                  n_stop is 0); generation ends when one appears and
+                                  the text stops before it. Default none. */
+  size_t n_stop;
+  colibri_text_callback on_text; /* optional streaming callback. Default NULL. */
+  void* user_data;               /* passed to on_text */
+} colibri_inference_params;
+
+/* struct_size set, every field at its default (greedy, 128 tokens). */
+COLIBRI_API colibri_inference_params colibri_inference_params_default(void);
+
+typedef enum colibri_finish_reason {
+  COLIBRI_FINISH_LENGTH = 0,       /* max_tokens generated */
+  COLIBRI_FINISH_EOS = 1,          /* the model produced end-of-sequence (not in tokens) */
+  COLIBRI_FINISH_STOP = 2,         /* a stop string appeared */
+  COLIBRI_FINISH_CONTEXT_FULL = 3, /* no room for another position */
+  COLIBRI_FINISH_CANCELLED = 4     /* on_text returned 0 */
+} colibri_finish_reason;
+
+/* "length", "eos", "stop", "context_full", "cancelled"; "unknown" otherwise. */
+COLIBRI_API const char* colibri_finish_reason_name(colibri_finish_reason reason);
+
+typedef struct colibri_result {
+  int32_t* tokens;         /* n_tokens generated ids (owned by the result) */
+  size_t n_tokens;
+  char* text;              /* the generated text, NUL-terminated UTF-8 (owned by
+                              the result); a stop string is not included */
+  size_t text_len;         /* bytes before the NUL */
+  size_t n_prompt_tokens;  /* prompt tokens fed to the model */
+  int32_t finish_reason;   /* a colibri_finish_reason */
+} colibri_result;
+
+/* Tokenizes the NUL-terminated UTF-8 `prompt` and generates from it in a fresh
+ * context. `params` may be NULL (defaults). On success *out is a new result
+ * (free it with colibri_free_result).
+ * Errors: NULL_POINTER (model, prompt, out, stop strings), INVALID_ARGUMENT
+ * (struct_size, sampling parameters, max_tokens < 0, n_ctx < 0, non-0/1
+ * booleans, invalid UTF-8, a prompt with no tokens), OUT_OF_RANGE (n_ctx above
+ * the model's maximum), CONTEXT_FULL (prompt longer than n_ctx), OUT_OF_MEMORY,
+ * INTERNAL. */
+COLIBRI_API colibri_status colibri_inference(const colibri_model* model, const char* prompt,
+                                             const colibri_inference_params* params, colibri_result** out);
+
+/* The same from prompt token ids (n_prompt >= 1, each in [0, vocab);
+ * an id outside is OUT_OF_RANGE). */
+COLIBRI_API colibri_status colibri_inference_tokens(const colibri_model* model, const int32_t* prompt,
+                                                    size_t n_prompt, const colibri_inference_params* params,
+                                                    colibri_result** out);
+
+/* Releases a result, its tokens and its text. NULL is a no-op. */
+COLIBRI_API void colibri_free_result(colibri_result* result);
+
+/* ========================================================================= */
+/* Routing                                                                    */
+/* ========================================================================= */
+/* Expert selection from gate (router) logits, the engine's own router: softmax
+ * over all experts, the top_k experts by probability in descending order (ties
+ * go to the lower expert index), weights = their probabilities, optionally
+ * renormalised to sum to 1 over the k chosen. Routing never allocates. */
+
+#define COLIBRI_MAX_EXPERTS 65536
+
+typedef struct colibri_router colibri_router;
+
+typedef struct colibri_router_config {
+  size_t struct_size;   /* sizeof(colibri_router_config) */
+  int32_t num_experts;  /* [1, COLIBRI_MAX_EXPERTS]; no default (0) */
+  int32_t top_k;        /* [1, num_experts]; no default (0) */
+  int32_t normalize;    /* 0 or 1: renormalise the top_k weights to sum to 1
+                           (Mixtral, Qwen3-MoE); 0 keeps the softmax
+                           probabilities (Qwen2-MoE, OLMoE). Default 0. */
+} colibri_router_config;
+
+/* struct_size set, normalize 0, num_experts and top_k 0 (must be set). */
+COLIBRI_API colibri_router_config colibri_router_config_default(void);
+
+/* A router over `num_experts` experts choosing `top_k`, not renormalised.
+ * Errors: NULL_POINTER (out), INVALID_ARGUMENT (num_experts < 1, top_k < 1,
+ * top_k > num_experts), OUT_OF_RANGE (num_experts > COLIBRI_MAX_EXPERTS),
+ * OUT_OF_MEMORY. */
+COLIBRI_API colibri_status colibri_init(int32_t num_experts, int32_t top_k, colibri_router** out);
+
+/* The same from a config (normalize flag). Errors as colibri_init, plus
+ * NULL_POINTER (config) and INVALID_ARGUMENT (struct_size, normalize not 0/1). */
+COLIBRI_API colibri_status colibri_init_with_config(const colibri_router_config* config, colibri_router** out);
+
+/* The router's configuration into *out (whose struct_size the caller set). */
+COLIBRI_API colibri_status colibri_router_get_config(const colibri_router* router, colibri_router_config* out);
+
+/* Routes one token: `gate_logits` holds num_experts floats; `experts_out` and
+ * `weights_out` receive top_k values each.
+ * Errors: NULL_POINTER, INVALID_ARGUMENT (a NaN or infinite logit; the
+ * message names the expert). */
+COLIBRI_API colibri_status colibri_route_experts(colibri_router* router, const float* gate_logits,
+                                                 int32_t* experts_out, float* weights_out);
+
+/* Routes `n_tokens` tokens: `logits` is row-major [n_tokens][num_experts];
+ * `experts_out` and `weights_out` are row-major [n_tokens][top_k]. n_tokens 0
+ * does nothing (pointers must still be non-NULL).
+ * Errors: NULL_POINTER, INVALID_ARGUMENT (a NaN or infinite logit; the message
+ * names the token and the expert; earlier rows are written, later ones are
+ * unspecified), OUT_OF_RANGE (n_tokens * num_experts overflows size_t). */
+COLIBRI_API colibri_status colibri_route_batch_experts(colibri_router* router, const float* logits,
+                                                       size_t n_tokens, int32_t* experts_out, float* weights_out);
+
+typedef enum colibri_cache_policy {
+  COLIBRI_CACHE_LRU = 0,
+  COLIBRI_CACHE_LFU = 1,
+  COLIBRI_CACHE_FIFO = 2
+} colibri_cache_policy;
+
+/* Chooses how an expert cache evicts experts. This build has no expert store
+ * (experts are always resident), so there is no cache to configure: a valid
+ * policy returns COLIBRI_ERR_UNSUPPORTED and changes nothing; a value outside
+ * the enum is INVALID_ARGUMENT, a NULL router NULL_POINTER. A later version
+ * with an expert store will return COLIBRI_OK for the policies it implements. */
+COLIBRI_API colibri_status colibri_set_cache_policy(colibri_router* router, colibri_cache_policy policy);
+
+/* The same for a model's expert store: UNSUPPORTED in this build. */
+COLIBRI_API colibri_status colibri_model_set_cache_policy(colibri_model* model, colibri_cache_policy policy);
+
+/* Releases a router. NULL is a no-op. */
+COLIBRI_API void colibri_free(colibri_router* router);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* COLIBRI_COLIBRI_H */

@@ -1,0 +1,62 @@
+// Internal: the table of kernel entry points one instruction-set path
+// provides. Each path's source file exports exactly one function returning its
+// table; everything else in those files has internal linkage. That matters:
+// an inline function or template instantiated in a file compiled with -mavx512f
+// would be a weak symbol the linker could pick for callers everywhere, putting
+// AVX-512 instructions on the scalar path. So path files use only plain structs
+// (no std::vector, no inline library templates) and receive raw pointers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dispatch.h"
+#include "model/weights.h"
+
+namespace colibri::kernels {
+
+// Read-only view of an ActivationQ8 (kernels.h) without its std::vectors.
+// The residual plane's pointers are null when it is absent.
+struct ActivationView {
+  const std::int8_t* q = nullptr;
+  const std::int8_t* q4 = nullptr;
+  const float* scales = nullptr;
+  const std::int32_t* sums = nullptr;
+  std::int32_t n = 0;
+  std::int32_t group = 0;
+  const std::int8_t* residual_q = nullptr;
+  const std::int8_t* residual_q4 = nullptr;
+  const float* residual_scales = nullptr;
+  const std::int32_t* residual_sums = nullptr;
+};
+
+struct KernelTable {
+  Isa isa = Isa::Scalar;
+  // Writes q (natural order, padded with zeros to a multiple of 128), q4 (see
+  // ActivationQ8), scales and sums. Every path must produce identical bytes.
+  // With `residual` non-null, x is replaced by what the plane missed,
+  // x - scales * q (a multiply, then a subtract: no fused rounding), so a
+  // second call with the residual's buffers quantizes that.
+  void (*quantize_activation)(const float* x, std::int32_t n, std::int32_t group, std::int8_t* q,
+                              std::int8_t* q4, float* scales, std::int32_t* sums, float* residual);
+  // xq is null unless w is Q8/Q4 with xq->group == w.group.
+  void (*matvec)(const Matrix& w, const float* x, const ActivationView* xq, float* y,
+                 std::int32_t row_begin, std::int32_t row_end);
+  float (*dot)(const float* a, const float* b, std::int32_t n);
+  void (*rmsnorm)(const float* x, const float* weight, std::int32_t n, float eps, float* out);
+  void (*softmax)(float* x, std::int32_t n);
+  void (*swiglu)(const float* gate, const float* up, std::int32_t n, float* out);
+  void (*attention_scores)(const float* q, const float* keys, std::size_t stride,
+                           std::int32_t n_positions, std::int32_t head_dim, float scale, float* scores);
+  void (*attention_values)(const float* weights, const float* values, std::size_t stride,
+                           std::int32_t n_positions, std::int32_t head_dim, float* out);
+};
+
+// Defined by kernels_scalar.cpp (always), kernels_avx2.cpp / kernels_avx512.cpp
+// (x86-64 builds) and kernels_neon.cpp (aarch64 builds).
+const KernelTable* scalar_kernel_table();
+const KernelTable* avx2_kernel_table();
+const KernelTable* avx512_kernel_table();
+const KernelTable* neon_kernel_table();
+
+}  // namespace colibri::kernels

@@ -1,0 +1,595 @@
+// The AVX2 path (with FMA and F16C; compiled with those flags, see
+// engine/CMakeLists.txt). Only reached through the dispatch table after the
+// CPU was checked. Everything here has internal linkage; see kernel_table.h.
+// The structure follows kernels_avx512.cpp at half the width: 4 rows per
+// block with the same per-row instruction sequence as the 1-row remainder, so
+// results never depend on how rows were split across threads.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/kernel_table.h"
+
+namespace colibri::kernels {
+namespace {
+
+using std::int32_t;
+using std::size_t;
+
+constexpr int kRowBlock = 4;
+
+// Eight -1 then eight 0: loading 8 ints at (8 - len) gives a mask of len lanes.
+alignas(64) constexpr int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+__m256i mask8(size_t len) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMaskTable + 8 - (len >= 8 ? 8 : len)));
+}
+size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+int32_t group_count(int32_t cols, int32_t group) { return (cols + group - 1) / group; }
+
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// `len` (< 32) bytes into a zeroed 32-byte register: AVX2 has no masked byte loads.
+__m256i load_bytes_partial(const void* p, size_t len) {
+  alignas(32) std::uint8_t buffer[32] = {};
+  std::memcpy(buffer, p, len);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buffer));
+}
+
+// One block of rows ahead; see kernels_avx512.cpp.
+inline void prefetch_next_block(const void* row, size_t offset, size_t row_bytes) {
+  _mm_prefetch(static_cast<const char*>(row) + offset + kRowBlock * row_bytes, _MM_HINT_T0);
+}
+
+template <class Kernel>
+void for_row_blocks(int32_t begin, int32_t end, const Kernel& kernel) {
+  int32_t r = begin;
+  for (; r + kRowBlock <= end; r += kRowBlock) kernel.template operator()<kRowBlock>(r);
+  for (; r < end; ++r) kernel.template operator()<1>(r);
+}
+
+// ---- f32 / f16 / bf16 weights -----------------------------------------------------
+
+template <WeightFormat F>
+__m256 load_weights8(const void* row, size_t c, size_t len) {
+  if constexpr (F == WeightFormat::F32) {
+    const float* p = static_cast<const float*>(row) + c;
+    return len >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask8(len));
+  } else {
+    const auto* p = static_cast<const std::uint16_t*>(row) + c;
+    __m128i half;
+    if (len >= 8) {
+      half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {
+      alignas(16) std::uint16_t buffer[8] = {};
+      std::memcpy(buffer, p, 2 * len);
+      half = _mm_load_si128(reinterpret_cast<const __m128i*>(buffer));
+    }
+    if constexpr (F == WeightFormat::F16) return _mm256_cvtph_ps(half);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+  }
+}
+
+template <WeightFormat F>
+void float_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t element = F == WeightFormat::F32 ? 4 : 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const void* rows[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols * element;
+      acc[r] = _mm256_setzero_ps();
+    }
+    for (size_t c = 0; c < cols; c += 8) {
+      const size_t len = min_size(8, cols - c);
+      const __m256 xv = len == 8 ? _mm256_loadu_ps(x + c) : _mm256_maskload_ps(x + c, mask8(len));
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        if (c % 16 == 0) prefetch_next_block(rows[r], c * element, cols * element);
+        acc[r] = _mm256_fmadd_ps(load_weights8<F>(rows[r], c, len), xv, acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = hsum(acc[r]);
+  });
+}
+
+// ---- Q8 weights ---------------------------------------------------------------------
+
+// int8 activations with the sign trick: maddubs needs an unsigned operand, so
+// it multiplies |w| by x carrying w's sign. Both stay within [-127, 127], so a
+// pair sum is at most 2 * 127 * 128 < 32767 and the int16 step never saturates.
+// With the residual plane each weight load feeds a second product.
+template <bool Residual>
+void q8_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
+                    int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm256_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m256i dot[NR], lo[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) dot[r] = lo[r] = _mm256_setzero_si256();
+      for (size_t c = begin; c < end; c += 32) {
+        const size_t len = min_size(32, end - c);
+        const __m256i xv = len == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + c))
+                                     : load_bytes_partial(xq.q + c, len);
+        __m256i xl = xv;
+        if constexpr (Residual)
+          xl = len == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.residual_q + c))
+                         : load_bytes_partial(xq.residual_q + c, len);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          prefetch_next_block(rows[r], c, cols);
+          const __m256i wv = len == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + c))
+                                       : load_bytes_partial(rows[r] + c, len);
+          const __m256i magnitude = _mm256_abs_epi8(wv);
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xv, wv));
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+          if constexpr (Residual)
+            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xl, wv)), ones));
+        }
+      }
+      const float x_scale = xq.scales[g];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_set1_ps(scales[r][g] * x_scale), acc[r]);
+        if constexpr (Residual)
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[r]), _mm256_set1_ps(scales[r][g] * xq.residual_scales[g]),
+                                   acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = hsum(acc[r]);
+  });
+}
+
+void q8_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm256_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m256 partial[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) partial[r] = _mm256_setzero_ps();
+      for (size_t c = begin; c < end; c += 8) {
+        const size_t len = min_size(8, end - c);
+        const __m256 xv = len == 8 ? _mm256_loadu_ps(x + c) : _mm256_maskload_ps(x + c, mask8(len));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          std::int64_t bytes = 0;
+          std::memcpy(&bytes, rows[r] + c, len);
+          const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)));
+          partial[r] = _mm256_fmadd_ps(wv, xv, partial[r]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(partial[r], _mm256_set1_ps(scales[r][g]), acc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = hsum(acc[r]);
+  });
+}
+
+// ---- Q4 weights ---------------------------------------------------------------------
+
+// int8 activations; see kernels_avx512.cpp for the layout. Each 32 packed
+// bytes (64 columns) give 8 int32 lanes, lane j covering columns [8j, 8j + 8).
+bool q4_int8_supported(int32_t group) { return group == 32 || group == 64 || group % 128 == 0; }
+
+template <bool Residual>
+void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
+                    int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const size_t blocks = cols / 128;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const size_t per_block = group >= 128 ? 1 : 128 / group;
+  const __m128i scale_mask = _mm_castps_si128(_mm256_castps256_ps128(_mm256_castsi256_ps(mask8(per_block))));
+  alignas(32) int32_t lane_group[2][8];
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 8; ++j)
+      lane_group[h][j] = group >= 128 ? 0 : static_cast<int32_t>((64 * h + 8 * j) / group);
+  const __m256i spread0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_group[0]));
+  const __m256i spread1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_group[1]));
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm256_setzero_ps();
+    }
+    for (size_t b = 0; b < blocks; ++b) {
+      const size_t g0 = 128 * b / group;
+      const std::int8_t* xb = xq.q4 + 128 * b;
+      const std::int8_t* rb = Residual ? xq.residual_q4 + 128 * b : xb;
+      const __m128 x_scales = _mm_maskload_ps(xq.scales + g0, scale_mask);
+      const __m128 r_scales = Residual ? _mm_maskload_ps(xq.residual_scales + g0, scale_mask) : x_scales;
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        prefetch_next_block(rows[r], 64 * b, row_bytes);
+        __m256i dot[2], dot_r[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + 64 * b + 32 * h));
+          const __m256i lo = _mm256_and_si256(packed, low4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+          const __m256i x_even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 32 * h));
+          const __m256i x_odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 + 32 * h));
+          // Codes <= 15: each int16 pair sum is below 2 * 15 * 127, two of them fit.
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_even), _mm256_maddubs_epi16(hi, x_odd));
+          dot[h] = _mm256_madd_epi16(pairs, ones);
+          if constexpr (Residual) {
+            const __m256i r_even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32 * h));
+            const __m256i r_odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 64 + 32 * h));
+            dot_r[h] = _mm256_madd_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo, r_even), _mm256_maddubs_epi16(hi, r_odd)), ones);
+          }
+        }
+        const __m128 w_scales = _mm_maskload_ps(scales[r] + g0, scale_mask);
+        const __m256 s256 = _mm256_castps128_ps256(_mm_mul_ps(w_scales, x_scales));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[0]), _mm256_permutevar8x32_ps(s256, spread0), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[1]), _mm256_permutevar8x32_ps(s256, spread1), acc[r]);
+        if constexpr (Residual) {
+          const __m256 r256 = _mm256_castps128_ps256(_mm_mul_ps(w_scales, r_scales));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_r[0]), _mm256_permutevar8x32_ps(r256, spread0), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_r[1]), _mm256_permutevar8x32_ps(r256, spread1), acc[r]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
+      __m256 min_acc = _mm256_setzero_ps();
+      for (int32_t g = 0; g < groups; g += 8) {
+        const __m256i m = mask8(static_cast<size_t>(groups - g));
+        const __m256 group_mins = _mm256_maskload_ps(mins + g, m);
+        const __m256 x_sum = _mm256_mul_ps(_mm256_maskload_ps(xq.scales + g, m),
+                                           _mm256_cvtepi32_ps(_mm256_maskload_epi32(xq.sums + g, m)));
+        min_acc = _mm256_fmadd_ps(group_mins, x_sum, min_acc);
+        if constexpr (Residual) {
+          const __m256 r_sum = _mm256_mul_ps(_mm256_maskload_ps(xq.residual_scales + g, m),
+                                             _mm256_cvtepi32_ps(_mm256_maskload_epi32(xq.residual_sums + g, m)));
+          min_acc = _mm256_fmadd_ps(group_mins, r_sum, min_acc);
+        }
+      }
+      float tail = 0.0f;
+      for (size_t c = blocks * 128; c < cols;) {
+        const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+        int32_t dot = 0, dot_r = 0;
+        for (; c < end; ++c) {
+          const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
+          dot += code * xq.q[c];
+          if constexpr (Residual) dot_r += code * xq.residual_q[c];
+        }
+        tail += scales[r][g] * xq.scales[g] * static_cast<float>(dot);
+        if constexpr (Residual) tail += scales[r][g] * xq.residual_scales[g] * static_cast<float>(dot_r);
+      }
+      y[r0 + r] = hsum(acc[r]) + tail + hsum(min_acc);
+    }
+  });
+}
+
+// f32 activations, even group sizes: 8 packed bytes give 16 codes per step.
+void q4_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const float* mins[NR];
+    __m256 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      mins[r] = w.mins + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm256_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m256 partial[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) partial[r] = _mm256_setzero_ps();
+      __m256 x_sum = _mm256_setzero_ps();
+      for (size_t c = begin; c < end; c += 16) {
+        const size_t len = min_size(16, end - c);
+        const __m256 x0 = len >= 8 ? _mm256_loadu_ps(x + c) : _mm256_maskload_ps(x + c, mask8(len));
+        const __m256 x1 = len >= 16 ? _mm256_loadu_ps(x + c + 8) : _mm256_maskload_ps(x + c + 8, mask8(len > 8 ? len - 8 : 0));
+        x_sum = _mm256_add_ps(x_sum, _mm256_add_ps(x0, x1));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          std::int64_t bytes = 0;
+          std::memcpy(&bytes, rows[r] + c / 2, (len + 1) / 2);
+          const __m128i packed = _mm_cvtsi64_si128(bytes);
+          const __m128i lo = _mm_and_si128(packed, low4);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
+          const __m128i codes = _mm_unpacklo_epi8(lo, hi);
+          const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+          const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
+          partial[r] = _mm256_fmadd_ps(w1, x1, _mm256_fmadd_ps(w0, x0, partial[r]));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = _mm256_fmadd_ps(partial[r], _mm256_set1_ps(scales[r][g]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(x_sum, _mm256_set1_ps(mins[r][g]), acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = hsum(acc[r]);
+  });
+}
+
+void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, int32_t row_begin,
+            int32_t row_end) {
+  switch (w.format) {
+    case WeightFormat::F32: return float_matvec<WeightFormat::F32>(w, x, y, row_begin, row_end);
+    case WeightFormat::F16: return float_matvec<WeightFormat::F16>(w, x, y, row_begin, row_end);
+    case WeightFormat::BF16: return float_matvec<WeightFormat::BF16>(w, x, y, row_begin, row_end);
+    case WeightFormat::Q8:
+      if (xq != nullptr && xq->residual_q != nullptr) return q8_int8_matvec<true>(w, *xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8_int8_matvec<false>(w, *xq, y, row_begin, row_end);
+      return q8_f32_matvec(w, x, y, row_begin, row_end);
+    case WeightFormat::Q4:
+      if (xq != nullptr && q4_int8_supported(w.group)) {
+        if (xq->residual_q != nullptr) return q4_int8_matvec<true>(w, *xq, y, row_begin, row_end);
+        return q4_int8_matvec<false>(w, *xq, y, row_begin, row_end);
+      }
+      if (xq == nullptr && w.group % 2 == 0) return q4_f32_matvec(w, x, y, row_begin, row_end);
+      break;
+  }
+  scalar_kernel_table()->matvec(w, x, xq, y, row_begin, row_end);
+}
+
+// ---- activation quantization ----------------------------------------------------------
+
+void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
+                         float* scales, int32_t* sums, float* residual) {
+  const int32_t groups = group_count(n, group);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i gather = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  for (int32_t g = 0; g < groups; ++g) {
+    const size_t begin = static_cast<size_t>(g) * group;
+    const size_t end = min_size(static_cast<size_t>(n), begin + static_cast<size_t>(group));
+    __m256 amax = _mm256_setzero_ps();
+    for (size_t c = begin; c < end; c += 8)
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_maskload_ps(x + c, mask8(end - c))));
+    const float m = hmax(amax);
+    const float inverse = m > 0.0f ? 127.0f / m : 0.0f;
+    const __m256 inv = _mm256_set1_ps(inverse);
+    __m256i sum = _mm256_setzero_si256();
+    const float scale = m / 127.0f;
+    for (size_t c = begin; c < end; c += 8) {
+      const size_t len = min_size(8, end - c);
+      const __m256i mask = mask8(len);
+      const __m256 xv = _mm256_maskload_ps(x + c, mask);
+      __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(xv, inv));
+      v = _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
+      sum = _mm256_add_epi32(sum, v);
+      // Saturating packs are exact on [-127, 127]; then gather the two lanes' 4 bytes.
+      const __m256i words = _mm256_packs_epi32(v, v);
+      const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words), gather);
+      const std::int64_t packed = _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes));
+      std::memcpy(q + c, &packed, len);
+      if (residual != nullptr)  // multiply, then subtract: the scalar path's two roundings
+        _mm256_maskstore_ps(residual + c, mask,
+                            _mm256_sub_ps(xv, _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(v))));
+    }
+    scales[g] = scale;
+    sums[g] = hsum_epi32(sum);
+  }
+  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
+  std::memset(q + n, 0, padded - static_cast<size_t>(n));
+  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128)
+    for (size_t i = 0; i < 64; ++i) {
+      q4[block + i] = q[block + 2 * i];
+      q4[block + 64 + i] = q[block + 2 * i + 1];
+    }
+}
+
+// ---- elementwise and attention kernels --------------------------------------------------
+
+// exp as in kernels_avx512.cpp, with 2^n built in the exponent field; the
+// upper clamp keeps n <= 127.
+__m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+}
+
+__m256 load8(const float* p, size_t len) { return len >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask8(len)); }
+
+void store8(float* p, size_t len, __m256 v) {
+  if (len >= 8)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, mask8(len), v);
+}
+
+float dot(const float* a, const float* b, int32_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const size_t len = static_cast<size_t>(n);
+  size_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i < len; i += 8) acc0 = _mm256_fmadd_ps(load8(a + i, len - i), load8(b + i, len - i), acc0);
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+void rmsnorm(const float* x, const float* weight, int32_t n, float eps, float* out) {
+  const float sum_sq = dot(x, x, n);
+  const __m256 scale = _mm256_set1_ps(static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(sum_sq) / n + eps)));
+  const size_t len = static_cast<size_t>(n);
+  for (size_t i = 0; i < len; i += 8)
+    store8(out + i, len - i, _mm256_mul_ps(_mm256_mul_ps(load8(x + i, len - i), scale), load8(weight + i, len - i)));
+}
+
+void softmax(float* x, int32_t n) {
+  const size_t len = static_cast<size_t>(n);
+  __m256 max = _mm256_set1_ps(x[0]);
+  for (size_t i = 0; i < len; i += 8) {
+    const __m256 v = load8(x + i, len - i);
+    // Masked-off lanes load 0; blend x[0] there so they cannot win.
+    max = _mm256_max_ps(max, _mm256_blendv_ps(_mm256_set1_ps(x[0]), v, _mm256_castsi256_ps(mask8(len - i))));
+  }
+  const __m256 top = _mm256_set1_ps(hmax(max));
+  __m256 sum = _mm256_setzero_ps();
+  for (size_t i = 0; i < len; i += 8) {
+    const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(load8(x + i, len - i), top)),
+                                   _mm256_castsi256_ps(mask8(len - i)));
+    sum = _mm256_add_ps(sum, e);
+    store8(x + i, len - i, e);
+  }
+  const __m256 inverse = _mm256_set1_ps(1.0f / hsum(sum));
+  for (size_t i = 0; i < len; i += 8) store8(x + i, len - i, _mm256_mul_ps(load8(x + i, len - i), inverse));
+}
+
+void swiglu(const float* gate, const float* up, int32_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const size_t len = static_cast<size_t>(n);
+  for (size_t i = 0; i < len; i += 8) {
+    const __m256 g = load8(gate + i, len - i);
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    store8(out + i, len - i, _mm256_mul_ps(silu, load8(up + i, len - i)));
+  }
+}
+
+void attention_scores(const float* q, const float* keys, size_t stride, int32_t n_positions,
+                      int32_t head_dim, float scale, float* scores) {
+  const size_t dim = static_cast<size_t>(head_dim);
+  auto block = [&]<int NP>(int32_t p0) {
+    __m256 acc[NP];
+#pragma GCC unroll 4
+    for (int k = 0; k < NP; ++k) acc[k] = _mm256_setzero_ps();
+    for (size_t i = 0; i < dim; i += 8) {
+      const __m256 qv = load8(q + i, dim - i);
+#pragma GCC unroll 4
+      for (int k = 0; k < NP; ++k)
+        acc[k] = _mm256_fmadd_ps(qv, load8(keys + (static_cast<size_t>(p0) + k) * stride + i, dim - i), acc[k]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < NP; ++k) scores[p0 + k] = hsum(acc[k]) * scale;
+  };
+  int32_t p = 0;
+  for (; p + 4 <= n_positions; p += 4) block.template operator()<4>(p);
+  for (; p < n_positions; ++p) block.template operator()<1>(p);
+}
+
+void attention_values(const float* weights, const float* values, size_t stride, int32_t n_positions,
+                      int32_t head_dim, float* out) {
+  const size_t dim = static_cast<size_t>(head_dim);
+  for (size_t i = 0; i < dim; i += 32) {
+    size_t len[4];
+    __m256 acc[4];
+    for (int k = 0; k < 4; ++k) {
+      const size_t at = i + 8 * static_cast<size_t>(k);
+      len[k] = at < dim ? dim - at : 0;
+      acc[k] = _mm256_setzero_ps();
+    }
+    for (int32_t p = 0; p < n_positions; ++p) {
+      const __m256 wp = _mm256_set1_ps(weights[p]);
+      const float* v = values + static_cast<size_t>(p) * stride + i;
+      for (int k = 0; k < 4; ++k)
+        if (len[k] > 0) acc[k] = _mm256_fmadd_ps(wp, load8(v + 8 * k, len[k]), acc[k]);
+    }
+    for (int k = 0; k < 4; ++k)
+      if (len[k] > 0) store8(out + i + 8 * k, len[k], acc[k]);
+  }
+}
+
+constexpr KernelTable kTable{
+    .isa = Isa::Avx2,
+    .quantize_activation = quantize_activation,
+    .matvec = matvec,
+    .dot = dot,
+    .rmsnorm = rmsnorm,
+    .softmax = softmax,
+    .swiglu = swiglu,
+    .attention_scores = attention_scores,
+    .attention_values = attention_values,
+};
+
+}  // namespace
+
+const KernelTable* avx2_kernel_table() { return &kTable; }
+
+}  // namespace colibri::kernels
+
+#endif  // __x86_64__

@@ -1,0 +1,576 @@
+// The AVX-512 path (F, BW, VL, VNNI; compiled with those flags, see
+// engine/CMakeLists.txt). Only reached through the dispatch table after the
+// CPU was checked. Everything here has internal linkage; see kernel_table.h.
+//
+// Matrix-vector products process 4 rows at a time, sharing each activation
+// load across them, with exactly the same instruction sequence per row as the
+// 1-row remainder: a row's result never depends on which rows it was batched
+// with, so any split of rows across threads gives bit-identical outputs.
+#if defined(__x86_64__)
+
+// GCC 12's _mm512_reduce_* expand _mm512_undefined_*() and then warn about
+// it (a known false positive); nothing of ours is left uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernel_table.h"
+
+namespace colibri::kernels {
+namespace {
+
+using std::int32_t;
+using std::size_t;
+
+constexpr int kRowBlock = 4;
+
+__mmask16 mask16(size_t len) { return len >= 16 ? __mmask16(0xffff) : __mmask16((1u << len) - 1u); }
+__mmask64 mask64(size_t len) { return len >= 64 ? ~__mmask64(0) : __mmask64((1ull << len) - 1ull); }
+size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+int32_t group_count(int32_t cols, int32_t group) { return (cols + group - 1) / group; }
+
+// Rows are consecutive in memory, so 4 rows read at once are 4 streams a
+// few KB long each: too short for the hardware prefetcher to ramp up. Asking
+// for the same offset one block of rows ahead keeps DRAM busy (+20-25% on
+// DRAM-resident Q8 matrices). A prefetch past the end is harmless.
+inline void prefetch_next_block(const void* row, size_t offset, size_t row_bytes) {
+  _mm_prefetch(static_cast<const char*>(row) + offset + kRowBlock * row_bytes, _MM_HINT_T0);
+}
+
+// Runs kernel.template operator()<NR>(row) over [begin, end) in blocks of 4.
+template <class Kernel>
+void for_row_blocks(int32_t begin, int32_t end, const Kernel& kernel) {
+  int32_t r = begin;
+  for (; r + kRowBlock <= end; r += kRowBlock) kernel.template operator()<kRowBlock>(r);
+  for (; r < end; ++r) kernel.template operator()<1>(r);
+}
+
+// ---- f32 / f16 / bf16 weights, f32 activations --------------------------------
+
+// Loads 16 weights (fewer under `m`, the rest zero) as f32.
+template <WeightFormat F>
+__m512 load_weights16(const void* row, size_t c, __mmask16 m) {
+  if constexpr (F == WeightFormat::F32) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(row) + c);
+  } else {
+    const __m256i half = _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + c);
+    if constexpr (F == WeightFormat::F16) return _mm512_cvtph_ps(half);
+    // bf16 is the top half of an f32: widen and shift, exact.
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+}
+
+template <WeightFormat F>
+void float_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t element = F == WeightFormat::F32 ? 4 : 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const void* rows[NR];
+    __m512 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols * element;
+      acc[r] = _mm512_setzero_ps();
+    }
+    for (size_t c = 0; c < cols; c += 16) {
+      const __mmask16 m = mask16(cols - c);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + c);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        prefetch_next_block(rows[r], c * element, cols * element);
+        acc[r] = _mm512_fmadd_ps(load_weights16<F>(rows[r], c, m), xv, acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = _mm512_reduce_add_ps(acc[r]);
+  });
+}
+
+// ---- Q8 weights ---------------------------------------------------------------
+
+// int8 activations. vpdpbusd multiplies unsigned by signed bytes; the weights
+// are made unsigned by flipping their sign bit (w ^ 0x80 == w + 128), which
+// costs one XOR per 64 weights. The extra 128 * sum(x) over the group is
+// removed exactly by starting each lane at -8 * sum(x) (16 lanes x 8 = 128).
+// A lane gathers 4 products (< 2^17) per 64 columns, so for groups below ~8000
+// it stays under 2^24: the conversion to f32 and the group's dot are exact.
+// With the residual plane, each weight load feeds a second vpdpbusd.
+template <bool Residual>
+void q8_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
+                    int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    __m512 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm512_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      const __m512i bias = _mm512_set1_epi32(-8 * xq.sums[g]);
+      __m512i dot[NR], lo[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) dot[r] = bias;
+      if constexpr (Residual) {
+        const __m512i lo_bias = _mm512_set1_epi32(-8 * xq.residual_sums[g]);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) lo[r] = lo_bias;
+      }
+      size_t c = begin;
+      for (; c + 64 <= end; c += 64) {
+        const __m512i xv = _mm512_loadu_si512(xq.q + c);
+        const __m512i xl = Residual ? _mm512_loadu_si512(xq.residual_q + c) : xv;
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          prefetch_next_block(rows[r], c, cols);
+          const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(rows[r] + c), flip);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wv, xv);
+          if constexpr (Residual) lo[r] = _mm512_dpbusd_epi32(lo[r], wv, xl);
+        }
+      }
+      if (c < end) {
+        // Masked-off weights read as 0 and flip to 128, but x is 0 there.
+        const __mmask64 m = mask64(end - c);
+        const __m512i xv = _mm512_maskz_loadu_epi8(m, xq.q + c);
+        const __m512i xl = Residual ? _mm512_maskz_loadu_epi8(m, xq.residual_q + c) : xv;
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[r] + c), flip);
+          dot[r] = _mm512_dpbusd_epi32(dot[r], wv, xv);
+          if constexpr (Residual) lo[r] = _mm512_dpbusd_epi32(lo[r], wv, xl);
+        }
+      }
+      const float x_scale = xq.scales[g];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_set1_ps(scales[r][g] * x_scale), acc[r]);
+        if constexpr (Residual)
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[r]), _mm512_set1_ps(scales[r][g] * xq.residual_scales[g]),
+                                   acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = _mm512_reduce_add_ps(acc[r]);
+  });
+}
+
+// f32 activations: widen 16 int8 weights to f32 per step.
+void q8_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    __m512 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm512_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m512 partial[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) partial[r] = _mm512_setzero_ps();
+      for (size_t c = begin; c < end; c += 16) {
+        const __mmask16 m = mask16(end - c);
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + c);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, rows[r] + c)));
+          partial[r] = _mm512_fmadd_ps(wv, xv, partial[r]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(partial[r], _mm512_set1_ps(scales[r][g]), acc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = _mm512_reduce_add_ps(acc[r]);
+  });
+}
+
+// ---- Q4 weights ---------------------------------------------------------------
+
+// int8 activations, for groups of 32, 64 or a multiple of 128 (so no group
+// straddles a 128-column block). 64 packed bytes hold 128 columns; their low
+// nibbles are the even columns and their high nibbles the odd ones, in the
+// order of ActivationQ8::q4, so one vpdpbusd each (codes 0..15 are already
+// unsigned) gives 16 lanes where lane j covers columns [8j, 8j + 8) of the
+// block. A per-block permute spreads the 1, 2 or 4 group scales over the
+// lanes. Columns after the last complete block are added by scalar code. The
+// min term, sum_g min_g * x_scale_g * sum(q_g), is one dot product over groups.
+bool q4_int8_supported(int32_t group) { return group == 32 || group == 64 || group % 128 == 0; }
+
+template <bool Residual>
+void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
+                    int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const size_t blocks = cols / 128;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const int32_t per_block = group >= 128 ? 1 : static_cast<int32_t>(128 / group);
+  const __mmask8 scale_mask = static_cast<__mmask8>((1u << per_block) - 1u);
+  alignas(64) int32_t lane_group[16];
+  for (int j = 0; j < 16; ++j) lane_group[j] = group >= 128 ? 0 : static_cast<int32_t>(8 * j / group);
+  const __m512i spread = _mm512_load_si512(lane_group);
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    __m512 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm512_setzero_ps();
+    }
+    for (size_t b = 0; b < blocks; ++b) {
+      const size_t g0 = 128 * b / group;
+      const __m512i x_even = _mm512_loadu_si512(xq.q4 + 128 * b);
+      const __m512i x_odd = _mm512_loadu_si512(xq.q4 + 128 * b + 64);
+      const __m128 x_scales = _mm_maskz_loadu_ps(scale_mask, xq.scales + g0);
+      __m512i r_even = x_even, r_odd = x_odd;
+      __m128 r_scales = x_scales;
+      if constexpr (Residual) {
+        r_even = _mm512_loadu_si512(xq.residual_q4 + 128 * b);
+        r_odd = _mm512_loadu_si512(xq.residual_q4 + 128 * b + 64);
+        r_scales = _mm_maskz_loadu_ps(scale_mask, xq.residual_scales + g0);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        prefetch_next_block(rows[r], 64 * b, row_bytes);
+        const __m512i packed = _mm512_loadu_si512(rows[r] + 64 * b);
+        const __m512i lo = _mm512_and_si512(packed, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        const __m512i dot =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_even), hi, x_odd);
+        const __m128 w_scales = _mm_maskz_loadu_ps(scale_mask, scales[r] + g0);
+        const __m128 s = _mm_mul_ps(w_scales, x_scales);
+        const __m512 lane_scales = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), lane_scales, acc[r]);
+        if constexpr (Residual) {
+          const __m512i dot_r =
+              _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, r_even), hi, r_odd);
+          const __m128 sr = _mm_mul_ps(w_scales, r_scales);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_r), _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sr)),
+                                   acc[r]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
+      __m512 min_acc = _mm512_setzero_ps();
+      for (int32_t g = 0; g < groups; g += 16) {
+        const __mmask16 m = mask16(static_cast<size_t>(groups - g));
+        const __m512 group_mins = _mm512_maskz_loadu_ps(m, mins + g);
+        const __m512 x_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xq.scales + g),
+                                           _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, xq.sums + g)));
+        min_acc = _mm512_fmadd_ps(group_mins, x_sum, min_acc);
+        if constexpr (Residual) {
+          const __m512 r_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xq.residual_scales + g),
+                                             _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, xq.residual_sums + g)));
+          min_acc = _mm512_fmadd_ps(group_mins, r_sum, min_acc);
+        }
+      }
+      // Columns past the last complete block (none when cols % 128 == 0).
+      float tail = 0.0f;
+      for (size_t c = blocks * 128; c < cols;) {
+        const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+        int32_t dot = 0, dot_r = 0;
+        for (; c < end; ++c) {
+          const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
+          dot += code * xq.q[c];
+          if constexpr (Residual) dot_r += code * xq.residual_q[c];
+        }
+        tail += scales[r][g] * xq.scales[g] * static_cast<float>(dot);
+        if constexpr (Residual) tail += scales[r][g] * xq.residual_scales[g] * static_cast<float>(dot_r);
+      }
+      y[r0 + r] = _mm512_reduce_add_ps(acc[r]) + tail + _mm512_reduce_add_ps(min_acc);
+    }
+  });
+}
+
+// f32 activations, even group sizes (a group then starts on a byte). 16
+// packed bytes give 32 codes, interleaved back into column order.
+void q4_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for_row_blocks(row_begin, row_end, [&]<int NR>(int32_t r0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const float* mins[NR];
+    __m512 acc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      mins[r] = w.mins + (static_cast<size_t>(r0) + r) * groups;
+      acc[r] = _mm512_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m512 partial[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) partial[r] = _mm512_setzero_ps();
+      __m512 x_sum = _mm512_setzero_ps();
+      for (size_t c = begin; c < end; c += 32) {
+        const size_t len = min_size(32, end - c);
+        const __mmask16 byte_mask = mask16((len + 1) / 2);
+        const __mmask16 m0 = mask16(len), m1 = mask16(len > 16 ? len - 16 : 0);
+        const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + c);
+        const __m512 x1 = _mm512_maskz_loadu_ps(m1, x + c + 16);
+        x_sum = _mm512_add_ps(x_sum, _mm512_add_ps(x0, x1));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          const __m128i packed = _mm_maskz_loadu_epi8(byte_mask, rows[r] + c / 2);
+          const __m128i lo = _mm_and_si128(packed, low4);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
+          const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+          const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+          partial[r] = _mm512_fmadd_ps(w1, x1, _mm512_fmadd_ps(w0, x0, partial[r]));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        acc[r] = _mm512_fmadd_ps(partial[r], _mm512_set1_ps(scales[r][g]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(x_sum, _mm512_set1_ps(mins[r][g]), acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[r0 + r] = _mm512_reduce_add_ps(acc[r]);
+  });
+}
+
+void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, int32_t row_begin,
+            int32_t row_end) {
+  switch (w.format) {
+    case WeightFormat::F32: return float_matvec<WeightFormat::F32>(w, x, y, row_begin, row_end);
+    case WeightFormat::F16: return float_matvec<WeightFormat::F16>(w, x, y, row_begin, row_end);
+    case WeightFormat::BF16: return float_matvec<WeightFormat::BF16>(w, x, y, row_begin, row_end);
+    case WeightFormat::Q8:
+      if (xq != nullptr && xq->residual_q != nullptr) return q8_int8_matvec<true>(w, *xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8_int8_matvec<false>(w, *xq, y, row_begin, row_end);
+      return q8_f32_matvec(w, x, y, row_begin, row_end);
+    case WeightFormat::Q4:
+      if (xq != nullptr && q4_int8_supported(w.group)) {
+        if (xq->residual_q != nullptr) return q4_int8_matvec<true>(w, *xq, y, row_begin, row_end);
+        return q4_int8_matvec<false>(w, *xq, y, row_begin, row_end);
+      }
+      if (xq == nullptr && w.group % 2 == 0) return q4_f32_matvec(w, x, y, row_begin, row_end);
+      break;
+  }
+  // Group sizes no model uses: the portable kernel, same arithmetic contract.
+  scalar_kernel_table()->matvec(w, x, xq, y, row_begin, row_end);
+}
+
+// ---- activation quantization ----------------------------------------------------
+
+void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
+                         float* scales, int32_t* sums, float* residual) {
+  const int32_t groups = group_count(n, group);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int32_t g = 0; g < groups; ++g) {
+    const size_t begin = static_cast<size_t>(g) * group;
+    const size_t end = min_size(static_cast<size_t>(n), begin + static_cast<size_t>(group));
+    __m512 amax = _mm512_setzero_ps();
+    for (size_t c = begin; c < end; c += 16)
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask16(end - c), x + c)));
+    const float m = _mm512_reduce_max_ps(amax);
+    const float inverse = m > 0.0f ? 127.0f / m : 0.0f;
+    const __m512 inv = _mm512_set1_ps(inverse);
+    __m512i sum = _mm512_setzero_si512();
+    const float scale = m / 127.0f;
+    for (size_t c = begin; c < end; c += 16) {
+      const __mmask16 mask = mask16(end - c);
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + c);
+      // cvtps rounds to nearest even, like the scalar path's nearbyint.
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(xv, inv));
+      v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
+      sum = _mm512_add_epi32(sum, v);
+      _mm_mask_storeu_epi8(q + c, mask, _mm512_cvtepi32_epi8(v));
+      if (residual != nullptr)  // multiply, then subtract: the scalar path's two roundings
+        _mm512_mask_storeu_ps(residual + c, mask,
+                              _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(v))));
+    }
+    scales[g] = scale;
+    sums[g] = _mm512_reduce_add_epi32(sum);
+  }
+  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
+  for (size_t c = static_cast<size_t>(n); c < padded; c += 64)
+    _mm512_mask_storeu_epi8(q + c, mask64(padded - c), _mm512_setzero_si512());
+  // Even bytes are the low halves of 16-bit lanes, odd bytes the high halves.
+  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128) {
+    const __m512i a = _mm512_loadu_si512(q + block), b = _mm512_loadu_si512(q + block + 64);
+    const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)),
+                                            _mm512_cvtepi16_epi8(b), 1);
+    const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 8))),
+                                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 8)), 1);
+    _mm512_storeu_si512(q4 + block, even);
+    _mm512_storeu_si512(q4 + block + 64, odd);
+  }
+}
+
+// ---- elementwise and attention kernels ------------------------------------------
+
+// exp(x) to about 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial
+// for exp(r) (Cephes expf coefficients), then scalef by 2^n. Inputs below
+// -87.3 give ~1e-38 rather than 0, which no caller can tell apart.
+__m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+float dot(const float* a, const float* b, int32_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int32_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+void rmsnorm(const float* x, const float* weight, int32_t n, float eps, float* out) {
+  const float sum_sq = dot(x, x, n);
+  const __m512 scale = _mm512_set1_ps(static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(sum_sq) / n + eps)));
+  for (int32_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale);
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, weight + i)));
+  }
+}
+
+void softmax(float* x, int32_t n) {
+  __m512 max = _mm512_set1_ps(x[0]);
+  for (int32_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    max = _mm512_mask_max_ps(max, m, max, _mm512_maskz_loadu_ps(m, x + i));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+  __m512 sum = _mm512_setzero_ps();
+  for (int32_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top));
+    sum = _mm512_mask_add_ps(sum, m, sum, e);
+    _mm512_mask_storeu_ps(x + i, m, e);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int32_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inverse));
+  }
+}
+
+void swiglu(const float* gate, const float* up, int32_t n, float* out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int32_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+// Four positions at a time so four independent FMA chains hide the latency.
+void attention_scores(const float* q, const float* keys, size_t stride, int32_t n_positions,
+                      int32_t head_dim, float scale, float* scores) {
+  const size_t dim = static_cast<size_t>(head_dim);
+  int32_t p = 0;
+  auto block = [&]<int NP>(int32_t p0) {
+    __m512 acc[NP];
+#pragma GCC unroll 4
+    for (int k = 0; k < NP; ++k) acc[k] = _mm512_setzero_ps();
+    for (size_t i = 0; i < dim; i += 16) {
+      const __mmask16 m = mask16(dim - i);
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
+#pragma GCC unroll 4
+      for (int k = 0; k < NP; ++k)
+        acc[k] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, keys + (static_cast<size_t>(p0) + k) * stride + i),
+                                 acc[k]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < NP; ++k) scores[p0 + k] = _mm512_reduce_add_ps(acc[k]) * scale;
+  };
+  for (; p + 4 <= n_positions; p += 4) block.template operator()<4>(p);
+  for (; p < n_positions; ++p) block.template operator()<1>(p);
+}
+
+// Output in slices of 64 floats held in four registers while all positions
+// stream through.
+void attention_values(const float* weights, const float* values, size_t stride, int32_t n_positions,
+                      int32_t head_dim, float* out) {
+  const size_t dim = static_cast<size_t>(head_dim);
+  for (size_t i = 0; i < dim; i += 64) {
+    __mmask16 m[4];
+    __m512 acc[4];
+    for (int k = 0; k < 4; ++k) {
+      const size_t at = i + 16 * static_cast<size_t>(k);
+      m[k] = at < dim ? mask16(dim - at) : __mmask16(0);
+      acc[k] = _mm512_setzero_ps();
+    }
+    for (int32_t p = 0; p < n_positions; ++p) {
+      const __m512 wp = _mm512_set1_ps(weights[p]);
+      const float* v = values + static_cast<size_t>(p) * stride + i;
+      for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(wp, _mm512_maskz_loadu_ps(m[k], v + 16 * k), acc[k]);
+    }
+    for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + i + 16 * k, m[k], acc[k]);
+  }
+}
+
+constexpr KernelTable kTable{
+    .isa = Isa::Avx512,
+    .quantize_activation = quantize_activation,
+    .matvec = matvec,
+    .dot = dot,
+    .rmsnorm = rmsnorm,
+    .softmax = softmax,
+    .swiglu = swiglu,
+    .attention_scores = attention_scores,
+    .attention_values = attention_values,
+};
+
+}  // namespace
+
+const KernelTable* avx512_kernel_table() { return &kTable; }
+
+}  // namespace colibri::kernels
+
+#endif  // __x86_64__

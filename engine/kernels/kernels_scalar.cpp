@@ -1,0 +1,232 @@
+// The portable path: plain C++ with no instruction-set flags. It is what runs
+// on CPUs without AVX2/NEON, the fallback the vector paths call for shapes
+// they do not specialise (odd Q4 group sizes), and the definition of the int8
+// activation arithmetic the vector paths reproduce: per group an exact int32
+// dot product of the int8 weights (or 4-bit codes) with the int8 activations,
+// scaled by weight scale x activation scale.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/kernel_table.h"
+
+namespace colibri::kernels {
+namespace {
+
+float bf16_value(const std::uint8_t* p) {
+  std::uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return bf16_to_f32(bits);
+}
+
+float f16_value(const std::uint8_t* p) {
+  std::uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return f16_to_f32(bits);
+}
+
+std::int32_t group_count(std::int32_t cols, std::int32_t group) { return (cols + group - 1) / group; }
+
+void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std::int8_t* q,
+                         std::int8_t* q4, float* scales, std::int32_t* sums, float* residual) {
+  const std::int32_t groups = group_count(n, group);
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::int32_t begin = g * group, end = std::min(n, begin + group);
+    float amax = 0.0f;
+    for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(x[c]));
+    // The rule every path implements bit for bit: multiply by 127 / amax and
+    // round to nearest even (the vector converts' default mode).
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    std::int32_t sum = 0;
+    for (std::int32_t c = begin; c < end; ++c) {
+      const float v = std::nearbyint(x[c] * inverse);
+      const auto value = static_cast<std::int32_t>(std::clamp(v, -127.0f, 127.0f));
+      q[c] = static_cast<std::int8_t>(value);
+      sum += value;
+    }
+    scales[g] = amax / 127.0f;
+    sums[g] = sum;
+    if (residual != nullptr)
+      for (std::int32_t c = begin; c < end; ++c) residual[c] = x[c] - scales[g] * static_cast<float>(q[c]);
+  }
+  const std::int32_t padded = (n + 127) / 128 * 128;
+  std::memset(q + n, 0, static_cast<std::size_t>(padded - n));
+  for (std::int32_t block = 0; block + 128 <= n; block += 128)
+    for (std::int32_t i = 0; i < 64; ++i) {
+      q4[block + i] = q[block + 2 * i];
+      q4[block + 64 + i] = q[block + 2 * i + 1];
+    }
+}
+
+// One row of an int8-activation product. With the residual plane each group
+// adds a second exact dot product with its own scale.
+float q8_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  const auto* q = static_cast<const std::int8_t*>(w.data) + r * cols;
+  const float* ws = w.scales + static_cast<std::size_t>(r) * groups;
+  float sum = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    std::int32_t dot = 0;
+    for (std::size_t c = begin; c < end; ++c) dot += q[c] * xq.q[c];
+    sum += ws[g] * xq.scales[g] * static_cast<float>(dot);
+    if (xq.residual_q != nullptr) {
+      std::int32_t lo = 0;
+      for (std::size_t c = begin; c < end; ++c) lo += q[c] * xq.residual_q[c];
+      sum += ws[g] * xq.residual_scales[g] * static_cast<float>(lo);
+    }
+  }
+  return sum;
+}
+
+float q4_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  const auto* packed = static_cast<const std::uint8_t*>(w.data) + r * ((cols + 1) / 2);
+  const float* ws = w.scales + static_cast<std::size_t>(r) * groups;
+  const float* mins = w.mins + static_cast<std::size_t>(r) * groups;
+  float sum = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    std::int32_t dot = 0, lo = 0;
+    for (std::size_t c = begin; c < end; ++c) {
+      const int code = (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
+      dot += code * xq.q[c];
+      if (xq.residual_q != nullptr) lo += code * xq.residual_q[c];
+    }
+    // w = min + scale * code, so the min term needs only the group's sum of x.
+    sum += ws[g] * xq.scales[g] * static_cast<float>(dot) +
+           mins[g] * (xq.scales[g] * static_cast<float>(xq.sums[g]));
+    if (xq.residual_q != nullptr)
+      sum += ws[g] * xq.residual_scales[g] * static_cast<float>(lo) +
+             mins[g] * (xq.residual_scales[g] * static_cast<float>(xq.residual_sums[g]));
+  }
+  return sum;
+}
+
+// One row with f32 activations: the reference's arithmetic with cheaper
+// element conversions.
+float row_f32(const Matrix& w, std::int32_t r, const float* x) {
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const auto* bytes = static_cast<const std::uint8_t*>(w.data);
+  float sum = 0.0f;
+  switch (w.format) {
+    case WeightFormat::F32: {
+      const float* row = static_cast<const float*>(w.data) + r * cols;
+      for (std::size_t c = 0; c < cols; ++c) sum += row[c] * x[c];
+      return sum;
+    }
+    case WeightFormat::F16: {
+      const std::uint8_t* row = bytes + 2 * r * cols;
+      for (std::size_t c = 0; c < cols; ++c) sum += f16_value(row + 2 * c) * x[c];
+      return sum;
+    }
+    case WeightFormat::BF16: {
+      const std::uint8_t* row = bytes + 2 * r * cols;
+      for (std::size_t c = 0; c < cols; ++c) sum += bf16_value(row + 2 * c) * x[c];
+      return sum;
+    }
+    case WeightFormat::Q8:
+    case WeightFormat::Q4:
+      break;
+  }
+  const std::int32_t groups = group_count(w.cols, w.group);
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    const std::size_t slot = static_cast<std::size_t>(r) * groups + g;
+    float partial = 0.0f, x_sum = 0.0f;
+    if (w.format == WeightFormat::Q8) {
+      const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + r * cols;
+      for (std::size_t c = begin; c < end; ++c) partial += static_cast<float>(q[c]) * x[c];
+      sum += w.scales[slot] * partial;
+    } else {
+      const std::uint8_t* packed = bytes + r * ((cols + 1) / 2);
+      for (std::size_t c = begin; c < end; ++c) {
+        const int code = (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
+        partial += static_cast<float>(code) * x[c];
+        x_sum += x[c];
+      }
+      sum += w.scales[slot] * partial + w.mins[slot] * x_sum;
+    }
+  }
+  return sum;
+}
+
+void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, std::int32_t row_begin,
+            std::int32_t row_end) {
+  for (std::int32_t r = row_begin; r < row_end; ++r) {
+    if (xq != nullptr && w.format == WeightFormat::Q8)
+      y[r] = q8_row_int8(w, r, *xq);
+    else if (xq != nullptr && w.format == WeightFormat::Q4)
+      y[r] = q4_row_int8(w, r, *xq);
+    else
+      y[r] = row_f32(w, r, x);
+  }
+}
+
+float dot(const float* a, const float* b, std::int32_t n) {
+  float sum = 0.0f;
+  for (std::int32_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void rmsnorm(const float* x, const float* weight, std::int32_t n, float eps, float* out) {
+  double sum_sq = 0.0;
+  for (std::int32_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(sum_sq / n + eps));
+  for (std::int32_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void softmax(float* x, std::int32_t n) {
+  float max = x[0];
+  for (std::int32_t i = 1; i < n; ++i) max = std::fmax(max, x[i]);
+  float sum = 0.0f;
+  for (std::int32_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inverse = 1.0f / sum;
+  for (std::int32_t i = 0; i < n; ++i) x[i] *= inverse;
+}
+
+void swiglu(const float* gate, const float* up, std::int32_t n, float* out) {
+  for (std::int32_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void attention_scores(const float* q, const float* keys, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float scale, float* scores) {
+  for (std::int32_t p = 0; p < n_positions; ++p)
+    scores[p] = dot(q, keys + static_cast<std::size_t>(p) * stride, head_dim) * scale;
+}
+
+void attention_values(const float* weights, const float* values, std::size_t stride,
+                      std::int32_t n_positions, std::int32_t head_dim, float* out) {
+  std::fill_n(out, head_dim, 0.0f);
+  for (std::int32_t p = 0; p < n_positions; ++p) {
+    const float* v = values + static_cast<std::size_t>(p) * stride;
+    for (std::int32_t i = 0; i < head_dim; ++i) out[i] += weights[p] * v[i];
+  }
+}
+
+constexpr KernelTable kTable{
+    .isa = Isa::Scalar,
+    .quantize_activation = quantize_activation,
+    .matvec = matvec,
+    .dot = dot,
+    .rmsnorm = rmsnorm,
+    .softmax = softmax,
+    .swiglu = swiglu,
+    .attention_scores = attention_scores,
+    .attention_values = attention_values,
+};
+
+}  // namespace
+
+const KernelTable* scalar_kernel_table() { return &kTable; }
+
+}  // namespace colibri::kernels

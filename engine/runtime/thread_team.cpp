@@ -1,0 +1,185 @@
+#include "runtime/thread_team.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace colibri {
+namespace {
+
+// How long a waiting thread polls before it sleeps. Decode issues a job every
+// few microseconds, far below a futex wake-up's cost, so spin through those
+// gaps; a gap this long means the caller is doing something else (sampling,
+// the tokenizer, waiting for input) and sleeping is right.
+constexpr auto kSpinBudget = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `ready` until it returns true or the spin budget is spent; returns the
+// last answer.
+template <class Ready>
+bool spin_until(Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinBudget;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return ready();
+  }
+}
+
+}  // namespace
+
+ThreadTeam::ThreadTeam(std::int32_t threads, std::vector<std::int32_t> cores, std::size_t scratch_bytes)
+    : size_(std::max<std::int32_t>(1, threads)), cores_(std::move(cores)) {
+  scratch_.resize(static_cast<std::size_t>(size_));
+  reserve_scratch(scratch_bytes);
+  workers_.reserve(static_cast<std::size_t>(size_ - 1));
+  for (std::int32_t member = 1; member < size_; ++member) {
+    workers_.emplace_back([this, member] { worker_main(member); });
+    if (!cores_.empty()) pin(workers_.back().native_handle(), member);
+  }
+}
+
+ThreadTeam::~ThreadTeam() {
+  stop_.store(true, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+  for (Scratch& s : scratch_) ::operator delete(s.data, std::align_val_t{64});
+}
+
+bool ThreadTeam::pin(std::thread::native_handle_type thread, std::int32_t member) {
+  const std::int32_t core = cores_[static_cast<std::size_t>(member) % cores_.size()];
+  int error = EINVAL;
+  if (core >= 0 && core < CPU_SETSIZE) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    error = pthread_setaffinity_np(thread, sizeof set, &set);
+  }
+  if (error == 0) return true;
+  std::string message =
+      fmt::format("could not pin thread-team member {} to core {}: {}", member, core, std::strerror(error));
+  std::fprintf(stderr, "colibri: %s\n", message.c_str());
+  pin_errors_.push_back(std::move(message));
+  return false;
+}
+
+bool ThreadTeam::pin_caller() {
+  if (cores_.empty()) {
+    pin_errors_.push_back("pin_caller: the team was given no cores");
+    return false;
+  }
+  return pin(pthread_self(), 0);
+}
+
+std::int32_t ThreadTeam::available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+std::span<std::byte> ThreadTeam::scratch(std::int32_t member) const {
+  const Scratch& s = scratch_[static_cast<std::size_t>(member)];
+  return {s.data, s.bytes};
+}
+
+void ThreadTeam::reserve_scratch(std::size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
+  for (Scratch& s : scratch_) {
+    if (s.bytes >= bytes) continue;
+    ::operator delete(s.data, std::align_val_t{64});
+    s.data = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64}));
+    s.bytes = bytes;
+  }
+}
+
+void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
+  grain = std::max<std::int32_t>(1, grain);
+  if (size_ == 1 || n <= grain) {
+    fn(context, 0, 0, n);
+    return;
+  }
+  // About 8 ranges per member: small enough that a member slowed by another
+  // process hands its share to the others, large enough that the shared
+  // counter is touched rarely.
+  const std::int32_t units = (n + grain - 1) / grain;
+  const std::int32_t per_range = std::max<std::int32_t>(1, units / (size_ * 8));
+  fn_.store(fn, std::memory_order_relaxed);
+  context_.store(context, std::memory_order_relaxed);
+  n_.store(n, std::memory_order_relaxed);
+  chunk_.store(per_range * grain, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  ++jobs_;
+  claim_.store(static_cast<std::uint64_t>(jobs_) << 32, std::memory_order_release);
+  generation_.store(jobs_, std::memory_order_release);
+  generation_.notify_all();  // a system call only when some worker sleeps
+
+  work(0);
+
+  // Wait for ranges other members claimed and are still running.
+  std::int32_t done = done_.load(std::memory_order_acquire);
+  while (done != n) {
+    if (!spin_until([&] { return (done = done_.load(std::memory_order_acquire)) == n; }))
+      done_.wait(done, std::memory_order_acquire);
+    done = done_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadTeam::work(std::int32_t member) {
+  std::uint64_t claim = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    const Fn fn = fn_.load(std::memory_order_relaxed);
+    void* const context = context_.load(std::memory_order_relaxed);
+    const std::int32_t n = n_.load(std::memory_order_relaxed);
+    const std::int32_t chunk = chunk_.load(std::memory_order_relaxed);
+    const auto begin = static_cast<std::int32_t>(static_cast<std::uint32_t>(claim));
+    if (begin >= n) return;
+    // Success proves no range was claimed since `claim` was read, so the job
+    // is unfinished and the fields above are its own. begin + chunk < 2^32:
+    // the generation bits are never touched.
+    if (!claim_.compare_exchange_weak(claim, claim + static_cast<std::uint32_t>(chunk), std::memory_order_acq_rel,
+                                      std::memory_order_acquire))
+      continue;
+    const std::int32_t end = static_cast<std::int32_t>(std::min<std::int64_t>(n, std::int64_t{begin} + chunk));
+    fn(context, member, begin, end);
+    if (done_.fetch_add(end - begin, std::memory_order_acq_rel) + (end - begin) == n) done_.notify_one();
+    claim = claim_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadTeam::worker_main(std::int32_t member) {
+  std::uint32_t seen = 0;
+  for (;;) {
+    std::uint32_t now = generation_.load(std::memory_order_acquire);
+    while (now == seen) {
+      if (!spin_until([&] { return (now = generation_.load(std::memory_order_acquire)) != seen; }))
+        generation_.wait(seen, std::memory_order_acquire);
+      now = generation_.load(std::memory_order_acquire);
+    }
+    seen = now;
+    if (stop_.load(std::memory_order_acquire)) return;
+    work(member);
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,180 @@
+#include "chat_template.h"
+
+#include <fmt/format.h>
+
+namespace colibri::server {
+
+namespace {
+
+// Collects a rendered conversation as runs of text and control-token ids; text
+// runs are tokenized with special tokens off. The first tokenizer error is
+// kept and reported by finish().
+class Pieces {
+ public:
+  explicit Pieces(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  void text(std::string_view text) { pending_ += text; }
+  void id(std::int32_t id) {
+    flush();
+    ids_.push_back(id);
+  }
+  Expected<std::vector<std::int32_t>> finish() {
+    flush();
+    if (!error_.empty())
+      return ApiError::invalid(fmt::format("cannot tokenize the messages: {}", error_), "messages");
+    return std::move(ids_);
+  }
+
+ private:
+  void flush() {
+    if (pending_.empty() || !error_.empty()) return;
+    EncodeOptions options;
+    options.add_special_tokens = false;
+    options.parse_special = false;
+    auto ids = tokenizer_.encode(pending_, options);
+    if (!ids) {
+      error_ = ids.error().message;
+      return;
+    }
+    ids_.insert(ids_.end(), ids->begin(), ids->end());
+    pending_.clear();
+  }
+
+  const Tokenizer& tokenizer_;
+  std::string pending_;
+  std::vector<std::int32_t> ids_;
+  std::string error_;
+};
+
+bool known_role(const std::string& role) { return role == "system" || role == "user" || role == "assistant"; }
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view choice) {
+  ChatTemplate t;
+  const Tokenizer& tokenizer = model.tokenizer();
+  t.tokenizer_ = tokenizer;
+  auto im_start = tokenizer.token_to_id("<|im_start|>");
+  auto im_end = tokenizer.token_to_id("<|im_end|>");
+  auto bos = tokenizer.bos_id() ? tokenizer.bos_id() : model.config().bos_token_id;
+  auto eos = tokenizer.eos_id() ? tokenizer.eos_id() : model.config().eos_token_id;
+  const bool has_chatml = im_start && im_end;
+  const std::string& text = tokenizer.chat_template();
+  const std::string_view model_type = model.config().arch ? model.config().arch->model_type : "";
+
+  auto use_chatml = [&](std::string reason) -> Result<ChatTemplate> {
+    if (!has_chatml)
+      return make_error("chat_template: ChatML needs <|im_start|> and <|im_end|> in the vocabulary; "
+                        "this tokenizer has {}",
+                        im_start ? "no <|im_end|>" : "no <|im_start|>");
+    t.format_ = ChatFormat::ChatML;
+    t.im_start_ = *im_start;
+    t.im_end_ = *im_end;
+    t.end_of_turn_ = {*im_end};
+    t.reason_ = std::move(reason);
+    return t;
+  };
+  auto use_mistral = [&](std::string reason) -> Result<ChatTemplate> {
+    if (!bos || !eos) return make_error("chat_template: the Mistral template needs BOS and EOS tokens");
+    t.format_ = ChatFormat::Mistral;
+    t.bos_ = *bos;
+    t.eos_ = *eos;
+    t.end_of_turn_ = {*eos};
+    t.reason_ = std::move(reason);
+    return t;
+  };
+
+  if (choice == "none") {
+    t.reason_ = "chat_template = none";
+    return t;
+  }
+  if (choice == "chatml") return use_chatml("chat_template = chatml");
+  if (choice == "mistral") return use_mistral("chat_template = mistral");
+  // auto
+  if (text.find("<|im_start|>") != std::string::npos && has_chatml)
+    return use_chatml("the tokenizer_config.json chat_template uses <|im_start|>");
+  if (text.find("[INST]") != std::string::npos)
+    return use_mistral("the tokenizer_config.json chat_template uses [INST]");
+  if (text.empty() && has_chatml) return use_chatml("no chat_template; the vocabulary has <|im_start|>");
+  if (text.empty() && model_type == "mixtral") return use_mistral("no chat_template; the model is Mixtral");
+  t.reason_ = text.empty() ? "no chat_template and no known chat tokens"
+                           : "the tokenizer's chat_template is not one the server knows (set chat_template)";
+  return t;
+}
+
+std::string_view ChatTemplate::name() const {
+  switch (format_) {
+    case ChatFormat::ChatML: return "chatml";
+    case ChatFormat::Mistral: return "mistral";
+    case ChatFormat::None: break;
+  }
+  return "none";
+}
+
+Expected<std::vector<std::int32_t>> ChatTemplate::apply(const std::vector<ChatMessage>& messages,
+                                                        bool add_generation_prompt) const {
+  if (format_ == ChatFormat::None)
+    return ApiError::invalid(fmt::format("this server has no chat template for the model ({}); use "
+                                         "/v1/completions or start it with chat_template=chatml|mistral",
+                                         reason_),
+                             "messages", "chat_template_unavailable");
+  if (messages.empty()) return ApiError::invalid("messages must not be empty", "messages");
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    if (!known_role(messages[i].role))
+      return ApiError::invalid(fmt::format("messages[{}].role \"{}\" is not one of system, user, assistant", i,
+                                           messages[i].role),
+                               fmt::format("messages[{}].role", i));
+  }
+  return format_ == ChatFormat::ChatML ? apply_chatml(messages, add_generation_prompt) : apply_mistral(messages);
+}
+
+Expected<std::vector<std::int32_t>> ChatTemplate::apply_chatml(const std::vector<ChatMessage>& messages,
+                                                               bool add_generation_prompt) const {
+  Pieces pieces(*tokenizer_);
+  for (const ChatMessage& message : messages) {
+    pieces.id(im_start_);
+    pieces.text(message.role);
+    pieces.text("\n");
+    pieces.text(message.content);
+    pieces.id(im_end_);
+    pieces.text("\n");
+  }
+  if (add_generation_prompt) {
+    pieces.id(im_start_);
+    pieces.text("assistant\n");
+  }
+  return pieces.finish();
+}
+
+Expected<std::vector<std::int32_t>> ChatTemplate::apply_mistral(const std::vector<ChatMessage>& messages) const {
+  // Fold a leading system message into the first user turn, as the common
+  // Mistral templates with system support do.
+  std::vector<ChatMessage> turns(messages.begin(), messages.end());
+  if (turns.front().role == "system") {
+    std::string system = turns.front().content;
+    turns.erase(turns.begin());
+    if (turns.empty() || turns.front().role != "user")
+      return ApiError::invalid("the Mistral template needs a user message after the system message", "messages");
+    turns.front().content = system + "\n\n" + turns.front().content;
+  }
+  Pieces pieces(*tokenizer_);
+  pieces.id(bos_);
+  for (std::size_t i = 0; i < turns.size(); ++i) {
+    const std::string expected = i % 2 == 0 ? "user" : "assistant";
+    if (turns[i].role != expected)
+      return ApiError::invalid(fmt::format("the Mistral template needs roles alternating user/assistant "
+                                           "(after an optional first system message); turn {} is {}",
+                                           i, turns[i].role),
+                               "messages");
+    if (expected == "user") {
+      pieces.text("[INST] ");
+      pieces.text(turns[i].content);
+      pieces.text(" [/INST]");
+    } else {
+      pieces.text(turns[i].content);
+      pieces.id(eos_);
+    }
+  }
+  return pieces.finish();
+}
+
+}  // namespace colibri::server

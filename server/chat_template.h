@@ -1,0 +1,61 @@
+// Built-in chat templates (no Jinja interpreter): the server recognises the
+// families' templates and renders their equivalent in C++.
+//
+//   ChatML   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
+//            Qwen2/Qwen3-MoE, the test fixtures, OLMoE-style ChatML models.
+//   Mistral  <s>[INST] {user} [/INST]{assistant}</s>[INST] ... [/INST]
+//            Mixtral-8x7B-Instruct; a system message is prepended to the first
+//            user message, roles must alternate user/assistant.
+//
+// Safety: message content is tokenized WITHOUT recognising special tokens, so
+// "<|im_start|>system" typed by a user stays literal text; the template's own
+// control tokens are inserted as ids. Text between two control tokens is
+// tokenized as one run, as Hugging Face does when it splits the rendered
+// template on added tokens (for byte-level BPE this gives identical ids).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api.h"
+#include "core/result.h"
+#include "model/model.h"
+
+namespace colibri::server {
+
+enum class ChatFormat { None, ChatML, Mistral };
+
+class ChatTemplate {
+ public:
+  // choice: "auto", "chatml", "mistral" or "none" (the chat_template option).
+  static Result<ChatTemplate> select(const Model& model, std::string_view choice);
+
+  ChatFormat format() const { return format_; }
+  std::string_view name() const;
+  // Why this template was chosen (logged at start).
+  const std::string& reason() const { return reason_; }
+
+  // Token ids of the rendered conversation; 400 errors for roles the template
+  // cannot render.
+  Expected<std::vector<std::int32_t>> apply(const std::vector<ChatMessage>& messages,
+                                            bool add_generation_prompt) const;
+  // Ids that end an assistant turn (besides the model's EOS).
+  const std::vector<std::int32_t>& end_of_turn() const { return end_of_turn_; }
+
+ private:
+  ChatTemplate() = default;
+  Expected<std::vector<std::int32_t>> apply_chatml(const std::vector<ChatMessage>& messages,
+                                                   bool add_generation_prompt) const;
+  Expected<std::vector<std::int32_t>> apply_mistral(const std::vector<ChatMessage>& messages) const;
+
+  ChatFormat format_ = ChatFormat::None;
+  std::string reason_;
+  std::optional<Tokenizer> tokenizer_;
+  std::int32_t im_start_ = -1, im_end_ = -1, bos_ = -1, eos_ = -1;
+  std::vector<std::int32_t> end_of_turn_;
+};
+
+}  // namespace colibri::server

@@ -1,0 +1,447 @@
+#include "config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace colibri::server {
+
+namespace {
+
+using C = Config;
+constexpr double kMaxPort = 65535;
+
+// The one table. Order is the order of --help, the example file and
+// /admin/config. "Hot" marks options a config reload may change once reloading
+// exists (see docs/SERVER.md); today every option is read at start.
+const std::array kOptions = {
+    OptionSpec{"model", &C::model, 0, 0, "",
+               "Model to serve: a .colibri file, a .gguf file or a Hugging Face directory "
+               "(config.json, *.safetensors, tokenizer.json). Required."},
+    OptionSpec{"served_model_name", &C::served_model_name, 0, 0, "",
+               "Model id in the API (GET /v1/models, the \"model\" field of requests); empty means "
+               "the model file or directory name."},
+    OptionSpec{"host", &C::host, 0, 0, "",
+               "Address the HTTP and gRPC listeners bind. Loopback by default; binding another "
+               "address without an API key logs a warning."},
+    OptionSpec{"port", &C::port, 0, kMaxPort, "",
+               "HTTP port. 0 picks a free port; the bound port is printed as "
+               "'colibri-server: listening on http://HOST:PORT'."},
+    OptionSpec{"grpc_port", &C::grpc_port, -1, kMaxPort, "",
+               "gRPC port. -1 disables gRPC, 0 picks a free port (printed as "
+               "'colibri-server: grpc listening on HOST:PORT')."},
+    OptionSpec{"context_length", &C::context_length, 0, 1 << 20, "",
+               "Positions per session (prompt + generated tokens). 0 means the model's maximum, "
+               "capped at 4096. Memory: max_sessions x context_length KV entries are allocated at start."},
+    OptionSpec{"max_sessions", &C::max_sessions, 1, 1024, "",
+               "Generations that run at once (continuous batching: each scheduler step advances "
+               "every one of them by a token). Each owns a KV cache allocated at start."},
+    OptionSpec{"max_queue", &C::max_queue, 0, 100000, "",
+               "Requests that may wait for a free session; beyond it requests get 429 "
+               "(gRPC RESOURCE_EXHAUSTED) with Retry-After."},
+    OptionSpec{"queue_timeout_ms", &C::queue_timeout_ms, 0, 3600000, "",
+               "How long a request may wait in the queue before it gets 503; 0 waits forever.",
+               Reload::Hot},
+    OptionSpec{"prefill_chunk", &C::prefill_chunk, 1, 65536, "",
+               "Prompt tokens processed per scheduler step across all prefilling requests, so a "
+               "long prompt does not stall running streams for more than this many token passes.",
+               Reload::Hot},
+    OptionSpec{"stream_buffer_chunks", &C::stream_buffer_chunks, 8, 1 << 20, "",
+               "Per-request buffer between the compute thread and the connection, in tokens. A "
+               "client that falls this far behind is cancelled instead of stalling the others."},
+    OptionSpec{"max_body_bytes", &C::max_body_bytes, 1024, 1 << 30, "",
+               "Largest request body accepted; larger bodies get 413 (gRPC: largest message)."},
+    OptionSpec{"default_max_tokens", &C::default_max_tokens, 1, 1 << 20, "",
+               "max_tokens when a request gives none (then also clamped to the room left in the "
+               "context).",
+               Reload::Hot},
+    OptionSpec{"max_tokens_limit", &C::max_tokens_limit, 1, 1 << 20, "",
+               "Largest max_tokens a request may ask for; more is a 400.", Reload::Hot},
+    OptionSpec{"max_stop_strings", &C::max_stop_strings, 0, 64, "",
+               "Most stop strings per request (each at most 1024 bytes).", Reload::Hot},
+    OptionSpec{"http_threads", &C::http_threads, 4, 4096, "",
+               "HTTP worker threads. Each open connection (a stream, a waiting request or an idle "
+               "keep-alive connection) holds one, so keep it above max_sessions + max_queue."},
+    OptionSpec{"read_timeout_s", &C::read_timeout_s, 1, 3600, "",
+               "Seconds a client may take to send a request's headers and body."},
+    OptionSpec{"write_timeout_s", &C::write_timeout_s, 1, 3600, "",
+               "Seconds a write to a client may block before the connection is dropped (and its "
+               "generation cancelled)."},
+    OptionSpec{"disconnect_poll_ms", &C::disconnect_poll_ms, 10, 1000, "",
+               "How often a connection that waits for tokens checks whether its client has gone; "
+               "a closed client's session is freed within about this time plus one step.",
+               Reload::Hot},
+    OptionSpec{"drain_timeout_s", &C::drain_timeout_s, 0, 86400, "",
+               "On SIGTERM/SIGINT: stop accepting, let running generations finish for up to this "
+               "long, then cancel the rest and exit. A second signal exits at once.",
+               Reload::Hot},
+    OptionSpec{"api_key", &C::api_key, 0, 0, "",
+               "If set, every route but /health needs 'Authorization: Bearer <key>' (gRPC: the "
+               "same metadata). No command-line flag: give it in the file, COLIBRI_API_KEY or "
+               "api_key_file.",
+               Reload::Hot, true},
+    OptionSpec{"api_key_file", &C::api_key_file, 0, 0, "",
+               "File whose first line is the API key (instead of api_key)."},
+    OptionSpec{"chat_template", &C::chat_template, 0, 0, "auto|chatml|mistral|none",
+               "Chat format for /v1/chat/completions. auto: ChatML when the tokenizer's template or "
+               "vocabulary uses <|im_start|>, Mistral [INST] when the template uses [INST] or the "
+               "model is Mixtral; none: chat requests get 400."},
+    OptionSpec{"routing_metrics", &C::routing_metrics, 0, 0, "",
+               "Count which experts each layer's router chooses for every token (exported as "
+               "colibri_expert_tokens_total{layer,expert} on /metrics)."},
+    OptionSpec{"verify_checksums", &C::verify_checksums, 0, 0, "",
+               "For .colibri models, recompute every tensor checksum at load."},
+    OptionSpec{"log_level", &C::log_level, 0, 0, "trace|debug|info|warn|error|off",
+               "Log level of the asynchronous stderr logger.", Reload::Hot},
+    OptionSpec{"log_requests", &C::log_requests, 0, 0, "",
+               "Log one line per HTTP request (method, path, status, milliseconds; never "
+               "prompts or outputs).",
+               Reload::Hot},
+};
+
+Status out_of_range(const OptionSpec& option, std::string_view shown, std::string_view source) {
+  return make_error("config: {} = {} is out of range: allowed {} (from {})", option.name, shown,
+                    option_range(option), source);
+}
+
+Status check_number(const OptionSpec& option, double value, std::string_view shown,
+                    std::string_view source) {
+  if (!std::isfinite(value) || value < option.min || value > option.max)
+    return out_of_range(option, shown, source);
+  return Status::Ok();
+}
+
+Status check_choice(const OptionSpec& option, std::string_view value, std::string_view source) {
+  if (option.choices.empty()) return Status::Ok();
+  std::string_view rest = option.choices;
+  while (!rest.empty()) {
+    std::size_t bar = rest.find('|');
+    if (rest.substr(0, bar) == value) return Status::Ok();
+    rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+  }
+  return make_error("config: {} = \"{}\" is not allowed: {} (from {})", option.name, value,
+                    option_range(option), source);
+}
+
+std::optional<bool> parse_bool(std::string_view text) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::span<const OptionSpec> option_table() { return kOptions; }
+
+const OptionSpec* find_option(std::string_view name) {
+  for (const OptionSpec& option : kOptions)
+    if (option.name == name) return &option;
+  return nullptr;
+}
+
+std::string flag_name(const OptionSpec& option) {
+  std::string flag = "--";
+  for (char c : option.name) flag += c == '_' ? '-' : c;
+  return flag;
+}
+
+std::string env_name(const OptionSpec& option) {
+  std::string env = "COLIBRI_";
+  for (char c : option.name) env += static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  return env;
+}
+
+nlohmann::json option_value(const Config& config, const OptionSpec& option) {
+  return std::visit([&](auto member) { return nlohmann::json(config.*member); }, option.member);
+}
+
+std::string option_type(const OptionSpec& option) {
+  switch (option.member.index()) {
+    case 0: return "integer";
+    case 1: return "number";
+    case 2: return "boolean";
+    default: return "string";
+  }
+}
+
+std::string option_range(const OptionSpec& option) {
+  switch (option.member.index()) {
+    case 0: return fmt::format("[{}, {}]", static_cast<std::int64_t>(option.min),
+                               static_cast<std::int64_t>(option.max));
+    case 1: return fmt::format("[{}, {}]", option.min, option.max);
+    case 2: return "true or false";
+    default:
+      return option.choices.empty() ? std::string("any text")
+                                    : fmt::format("one of {}", option.choices);
+  }
+}
+
+Status set_option_from_text(Config& config, const OptionSpec& option, std::string_view text,
+                            std::string_view source) {
+  switch (option.member.index()) {
+    case 0: {
+      std::int64_t value = 0;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+        return make_error("config: {} = \"{}\" is not an integer: allowed {} (from {})", option.name,
+                          text, option_range(option), source);
+      COLIBRI_TRY(check_number(option, static_cast<double>(value), text, source));
+      config.*std::get<0>(option.member) = value;
+      return Status::Ok();
+    }
+    case 1: {
+      std::string copy(text);
+      char* end = nullptr;
+      double value = std::strtod(copy.c_str(), &end);
+      if (copy.empty() || end != copy.c_str() + copy.size())
+        return make_error("config: {} = \"{}\" is not a number: allowed {} (from {})", option.name,
+                          text, option_range(option), source);
+      COLIBRI_TRY(check_number(option, value, text, source));
+      config.*std::get<1>(option.member) = value;
+      return Status::Ok();
+    }
+    case 2: {
+      auto value = parse_bool(text);
+      if (!value)
+        return make_error("config: {} = \"{}\" is not a boolean: allowed true/false, 1/0, yes/no, "
+                          "on/off (from {})",
+                          option.name, text, source);
+      config.*std::get<2>(option.member) = *value;
+      return Status::Ok();
+    }
+    default:
+      COLIBRI_TRY(check_choice(option, text, source));
+      config.*std::get<3>(option.member) = std::string(text);
+      return Status::Ok();
+  }
+}
+
+Status set_option_from_json(Config& config, const OptionSpec& option, const nlohmann::json& value,
+                            std::string_view source) {
+  const std::string shown = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  switch (option.member.index()) {
+    case 0:
+      if (!value.is_number_integer() ||
+          (value.is_number_unsigned() && value.get<std::uint64_t>() > INT64_MAX))
+        return make_error("config: {} = {} must be an integer in {} (from {})", option.name, shown,
+                          option_range(option), source);
+      COLIBRI_TRY(check_number(option, static_cast<double>(value.get<std::int64_t>()), shown, source));
+      config.*std::get<0>(option.member) = value.get<std::int64_t>();
+      return Status::Ok();
+    case 1:
+      if (!value.is_number())
+        return make_error("config: {} = {} must be a number in {} (from {})", option.name, shown,
+                          option_range(option), source);
+      COLIBRI_TRY(check_number(option, value.get<double>(), shown, source));
+      config.*std::get<1>(option.member) = value.get<double>();
+      return Status::Ok();
+    case 2:
+      if (!value.is_boolean())
+        return make_error("config: {} = {} must be true or false (from {})", option.name, shown,
+                          source);
+      config.*std::get<2>(option.member) = value.get<bool>();
+      return Status::Ok();
+    default:
+      if (!value.is_string())
+        return make_error("config: {} = {} must be a string ({}) (from {})", option.name, shown,
+                          option_range(option), source);
+      COLIBRI_TRY(check_choice(option, value.get<std::string>(), source));
+      config.*std::get<3>(option.member) = value.get<std::string>();
+      return Status::Ok();
+  }
+}
+
+Status apply_config_json(Config& config, ConfigSources& sources, std::string_view json_text,
+                         std::string_view source) {
+  nlohmann::json root = nlohmann::json::parse(json_text, nullptr, false);
+  if (root.is_discarded()) return make_error("config: {} is not valid JSON", source);
+  if (!root.is_object()) return make_error("config: {} must hold a JSON object", source);
+  for (const auto& [key, value] : root.items()) {
+    if (!key.empty() && key[0] == '#') continue;  // documentation entries
+    const OptionSpec* option = find_option(key);
+    if (option == nullptr)
+      return make_error("config: {}: unknown key \"{}\" (see colibri-server --help for the keys)",
+                        source, key);
+    COLIBRI_TRY(set_option_from_json(config, *option, value, source));
+    sources[std::string(option->name)] = std::string(source);
+  }
+  return Status::Ok();
+}
+
+Status validate_config(const Config& config) {
+  if (config.model.empty())
+    return make_error("config: model is not set: pass --model PATH (or \"model\" in the config "
+                      "file, or COLIBRI_MODEL)");
+  if (config.default_max_tokens > config.max_tokens_limit)
+    return make_error("config: default_max_tokens = {} is above max_tokens_limit = {}; allowed "
+                      "[1, max_tokens_limit]",
+                      config.default_max_tokens, config.max_tokens_limit);
+  if (config.grpc_port > 0 && config.grpc_port == config.port)
+    return make_error("config: grpc_port = {} is the same as port; give them different ports",
+                      config.grpc_port);
+  if (!config.api_key.empty() && !config.api_key_file.empty())
+    return make_error("config: api_key and api_key_file are both set; give one of them");
+  return Status::Ok();
+}
+
+EnvLookup process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+namespace {
+
+Result<std::string> read_text_file(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error("config: cannot read {} {}", what, path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string help_line(const OptionSpec& option) {
+  const Config defaults;
+  return fmt::format("{} (allowed {}; default {}; {}; env {})", option.help, option_range(option),
+                     option_value(defaults, option).dump(),
+                     option.reload == Reload::Hot ? "hot" : "restart-only", env_name(option));
+}
+
+}  // namespace
+
+CliOutcome load_config(int argc, const char* const* argv, const EnvLookup& env) {
+  CliOutcome outcome;
+  CLI::App app{
+      "colibri-server: OpenAI-compatible HTTP and gRPC server for Mixture-of-Experts models.\n\n"
+      "  colibri-server --model PATH [--config FILE] [--host 127.0.0.1] [--port 8080] [--grpc-port G]\n\n"
+      "Every option below can also be set in the JSON config file (key = the option name with\n"
+      "underscores) or the environment (COLIBRI_<NAME>). Precedence: default < file < env < flag.\n"
+      "See docs/SERVER.md and config/colibri.json.",
+      "colibri-server"};
+  app.get_formatter()->column_width(30);
+  std::string config_file;
+  bool print_config = false;
+  app.add_option("--config", config_file, "JSON config file (also COLIBRI_CONFIG)");
+  app.add_flag("--print-config", print_config,
+               "Print the documented example config (config/colibri.json) and exit");
+  std::vector<std::string> texts(kOptions.size());
+  for (std::size_t i = 0; i < kOptions.size(); ++i) {
+    const OptionSpec& option = kOptions[i];
+    if (option.secret) continue;
+    std::string names = flag_name(option);
+    if (option.name == "model") names = "-m," + names;
+    const char* type = option.member.index() == 0 ? "INT" : option.member.index() == 1 ? "NUMBER"
+                       : option.member.index() == 2 ? "BOOL" : "TEXT";
+    app.add_option(names, texts[i], help_line(option))->type_name(type);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    outcome.action = CliAction::Exit;
+    outcome.exit_code = app.exit(e) == 0 ? 0 : 2;
+    return outcome;
+  }
+  if (print_config) {
+    std::fputs(example_config_json().c_str(), stdout);
+    outcome.action = CliAction::Exit;
+    return outcome;
+  }
+
+  auto fail = [&](const Error& error) {
+    std::fprintf(stderr, "colibri-server: %s\n", error.message.c_str());
+    outcome.action = CliAction::Exit;
+    outcome.exit_code = 2;
+    return outcome;
+  };
+
+  LoadedConfig& loaded = outcome.loaded;
+  for (const OptionSpec& option : kOptions) loaded.sources[std::string(option.name)] = "default";
+  if (config_file.empty()) {
+    if (auto from_env = env("COLIBRI_CONFIG")) config_file = *from_env;
+  }
+  if (!config_file.empty()) {
+    auto text = read_text_file(config_file, "config file");
+    if (!text) return fail(text.error());
+    Status applied = apply_config_json(loaded.config, loaded.sources, *text, "file:" + config_file);
+    if (!applied.ok()) return fail(applied.error());
+    loaded.config_file = config_file;
+  }
+  for (const OptionSpec& option : kOptions) {
+    const std::string name = env_name(option);
+    if (auto value = env(name)) {
+      Status applied = set_option_from_text(loaded.config, option, *value, "env:" + name);
+      if (!applied.ok()) return fail(applied.error());
+      loaded.sources[std::string(option.name)] = "env:" + name;
+    }
+  }
+  for (std::size_t i = 0; i < kOptions.size(); ++i) {
+    const OptionSpec& option = kOptions[i];
+    if (option.secret || app.count(flag_name(option)) == 0) continue;
+    Status applied = set_option_from_text(loaded.config, option, texts[i], "flag:" + flag_name(option));
+    if (!applied.ok()) return fail(applied.error());
+    loaded.sources[std::string(option.name)] = "flag:" + flag_name(option);
+  }
+  Status valid = validate_config(loaded.config);
+  if (!valid.ok()) return fail(valid.error());
+  if (!loaded.config.api_key_file.empty()) {
+    auto text = read_text_file(loaded.config.api_key_file, "api_key_file");
+    if (!text) return fail(text.error());
+    std::string key = text->substr(0, text->find_first_of("\r\n"));
+    if (key.empty()) return fail(make_error("config: api_key_file {} is empty", loaded.config.api_key_file));
+    loaded.config.api_key = key;
+    loaded.sources["api_key"] = "file:" + loaded.config.api_key_file;
+  }
+  return outcome;
+}
+
+std::string example_config_json() {
+  nlohmann::ordered_json root;
+  root["#"] =
+      "Colibri server configuration (colibri-server --config config/colibri.json). Keys "
+      "starting with '#' are comments. Every key is optional except model; each can also be "
+      "given as a flag or an environment variable (named in its comment), which override this "
+      "file. 'hot' keys may change on a config reload once reloading exists; 'restart-only' "
+      "keys need a restart. Generated by colibri-server --print-config.";
+  const Config defaults;
+  for (const OptionSpec& option : kOptions) {
+    std::string where = option.secret ? fmt::format("Env {}", env_name(option))
+                                      : fmt::format("Flag {}, env {}", flag_name(option), env_name(option));
+    std::string comment_key = "#";  // (not "#" + name: g++ 12 warns falsely, -Wrestrict)
+    comment_key += option.name;
+    root[comment_key] =
+        fmt::format("{} Type {}, allowed {}. {}. {}.", option.help, option_type(option),
+                    option_range(option), where, option.reload == Reload::Hot ? "Hot" : "Restart-only");
+    root[std::string(option.name)] = option_value(defaults, option);
+  }
+  return root.dump(2) + "\n";
+}
+
+nlohmann::json config_report(const LoadedConfig& loaded) {
+  const Config defaults;
+  nlohmann::json options = nlohmann::json::array();
+  for (const OptionSpec& option : kOptions) {
+    nlohmann::json value = option_value(loaded.config, option);
+    if (option.secret && !loaded.config.api_key.empty()) value = "(set)";
+    auto source = loaded.sources.find(option.name);
+    options.push_back({{"name", option.name},
+                       {"value", value},
+                       {"default", option_value(defaults, option)},
+                       {"source", source == loaded.sources.end() ? "default" : source->second},
+                       {"type", option_type(option)},
+                       {"allowed", option_range(option)},
+                       {"reload", option.reload == Reload::Hot ? "hot" : "restart"},
+                       {"help", option.help}});
+  }
+  return {{"config_file", loaded.config_file.empty() ? nlohmann::json() : nlohmann::json(loaded.config_file)},
+          {"options", options}};
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,445 @@
+#include "http_json.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "utf8.h"
+
+namespace colibri::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+const char* type_of(const json& value) {
+  switch (value.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a non-integer number";
+    default: return "a number";
+  }
+}
+
+// Reads typed fields of one JSON object; null counts as absent (OpenAI clients
+// send explicit nulls for defaults). The first type error is kept.
+class Fields {
+ public:
+  Fields(const json& object, std::string prefix = {}) : object_(object), prefix_(std::move(prefix)) {}
+
+  const json* get(const char* name) const {
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  std::optional<std::int64_t> integer(const char* name) {
+    const json* v = get(name);
+    if (v == nullptr) return std::nullopt;
+    if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+      return fail(name, fmt::format("{} is too large", path(name))), std::nullopt;
+    if (!v->is_number_integer()) return fail(name, must(name, "an integer", *v)), std::nullopt;
+    return v->get<std::int64_t>();
+  }
+  std::optional<std::uint64_t> unsigned_integer(const char* name) {
+    const json* v = get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number_unsigned()) return fail(name, must(name, "an integer in [0, 2^64)", *v)), std::nullopt;
+    return v->get<std::uint64_t>();
+  }
+  std::optional<double> number(const char* name) {
+    const json* v = get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) return fail(name, must(name, "a number", *v)), std::nullopt;
+    return v->get<double>();
+  }
+  std::optional<bool> boolean(const char* name) {
+    const json* v = get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) return fail(name, must(name, "true or false", *v)), std::nullopt;
+    return v->get<bool>();
+  }
+  std::optional<std::string> string(const char* name) {
+    const json* v = get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_string()) return fail(name, must(name, "a string", *v)), std::nullopt;
+    return v->get<std::string>();
+  }
+  void fail(const char* name, std::string message) {
+    if (!error_) error_ = ApiError::invalid(std::move(message), path(name));
+  }
+  void fail_param(std::string param, std::string message) {
+    if (!error_) error_ = ApiError::invalid(std::move(message), std::move(param));
+  }
+  const std::optional<ApiError>& error() const { return error_; }
+
+ private:
+  std::string path(const char* name) const { return prefix_ + name; }
+  std::string must(const char* name, const char* what, const json& v) const {
+    return fmt::format("{} must be {}, got {}", path(name), what, type_of(v));
+  }
+  const json& object_;
+  std::string prefix_;
+  std::optional<ApiError> error_;
+};
+
+// Known OpenAI fields this server does not implement: refused by name rather
+// than silently ignored, so a client never gets an answer to a different question.
+void refuse_unsupported(Fields& f) {
+  if (auto n = f.integer("n"); n && *n != 1)
+    f.fail("n", fmt::format("n = {} is not supported: this server returns exactly one choice (n = 1)", *n));
+  if (auto best_of = f.integer("best_of"); best_of && *best_of != 1)
+    f.fail("best_of", "best_of other than 1 is not supported");
+  if (f.get("logprobs") != nullptr) {
+    const json& v = *f.get("logprobs");
+    if (!(v.is_boolean() && !v.get<bool>()) && !(v.is_number_integer() && v.get<std::int64_t>() == 0))
+      f.fail("logprobs", "logprobs are not supported by this server");
+  }
+  if (auto top = f.integer("top_logprobs"); top && *top != 0) f.fail("top_logprobs", "top_logprobs are not supported");
+  if (auto echo = f.boolean("echo"); echo && *echo) f.fail("echo", "echo is not supported");
+  if (auto suffix = f.string("suffix"); suffix && !suffix->empty()) f.fail("suffix", "suffix is not supported");
+  if (const json* bias = f.get("logit_bias"); bias != nullptr && !(bias->is_object() && bias->empty()))
+    f.fail("logit_bias", "logit_bias is not supported by this server");
+  for (const char* name : {"tools", "functions"})
+    if (const json* v = f.get(name); v != nullptr && !(v->is_array() && v->empty()))
+      f.fail(name, fmt::format("{} (function calling) is not supported", name));
+  if (const json* format = f.get("response_format"); format != nullptr) {
+    if (!format->is_object() || format->value("type", json()) != "text")
+      f.fail("response_format", "response_format other than {\"type\": \"text\"} is not supported");
+  }
+}
+
+void parse_stop(Fields& f, std::vector<std::string>& stop) {
+  const json* v = f.get("stop");
+  if (v == nullptr) return;
+  if (v->is_string()) {
+    stop.push_back(v->get<std::string>());
+    return;
+  }
+  if (!v->is_array()) return f.fail("stop", fmt::format("stop must be a string or an array of strings, got {}", type_of(*v)));
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string())
+      return f.fail_param("stop", fmt::format("stop[{}] must be a string, got {}", i, type_of((*v)[i])));
+    stop.push_back((*v)[i].get<std::string>());
+  }
+}
+
+void parse_prompt(Fields& f, GenerationRequest& request) {
+  const json* v = f.get("prompt");
+  if (v == nullptr) return f.fail("prompt", "prompt is required");
+  if (v->is_string()) {
+    request.prompt = v->get<std::string>();
+    return;
+  }
+  if (!v->is_array()) return f.fail("prompt", fmt::format("prompt must be a string or an array of token ids, got {}", type_of(*v)));
+  if (v->size() == 1 && (*v)[0].is_string()) {
+    request.prompt = (*v)[0].get<std::string>();
+    return;
+  }
+  if (!v->empty() && ((*v)[0].is_string() || (*v)[0].is_array()))
+    return f.fail("prompt", "prompt must be a string or an array of token ids; a list of prompts is not "
+                            "supported (send one prompt per request)");
+  std::vector<std::int32_t> ids;
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    const json& id = (*v)[i];
+    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > INT32_MAX)
+      return f.fail_param("prompt", fmt::format("prompt[{}] must be a token id (an integer >= 0)", i));
+    ids.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
+  }
+  request.prompt_tokens = std::move(ids);
+}
+
+std::optional<std::vector<ChatMessage>> parse_messages(Fields& f, const json* v) {
+  if (v == nullptr) return f.fail("messages", "messages is required"), std::nullopt;
+  if (!v->is_array()) return f.fail("messages", fmt::format("messages must be an array, got {}", type_of(*v))), std::nullopt;
+  std::vector<ChatMessage> messages;
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    const std::string at = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return f.fail_param(at, fmt::format("{} must be an object, got {}", at, type_of(m))), std::nullopt;
+    Fields mf(m, at + ".");
+    ChatMessage message;
+    auto role = mf.string("role");
+    if (!role && !mf.error()) mf.fail("role", at + ".role is required");
+    if (role) message.role = *role;
+    if (const json* content = mf.get("content"); content != nullptr) {
+      if (content->is_string()) {
+        message.content = content->get<std::string>();
+      } else if (content->is_array()) {
+        // Content parts: only text parts exist for a text model.
+        for (std::size_t p = 0; p < content->size(); ++p) {
+          const json& part = (*content)[p];
+          if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
+            mf.fail_param(fmt::format("{}.content[{}]", at, p),
+                          fmt::format("{}.content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}; only text "
+                                      "content is supported",
+                                      at, p));
+            break;
+          }
+          message.content += part["text"].get<std::string>();
+        }
+      } else {
+        mf.fail("content", fmt::format("{}.content must be a string or an array of text parts, got {}", at, type_of(*content)));
+      }
+    }
+    if (mf.error()) {
+      f.fail_param(mf.error()->param, mf.error()->message);
+      return std::nullopt;
+    }
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+}  // namespace
+
+Expected<nlohmann::json> parse_json_body(std::string_view body) {
+  const std::size_t bad = find_invalid_utf8(body);
+  if (bad != std::string_view::npos)
+    return ApiError::invalid(fmt::format("the request body is not valid UTF-8 (byte {})", bad), "", "invalid_utf8");
+  json value;
+  try {
+    value = json::parse(body);
+  } catch (const json::exception& e) {
+    // The parser's own description says where and what (e.g. "number overflow
+    // parsing '1e999'", a lone surrogate escape, a truncated body).
+    return ApiError::invalid(fmt::format("the request body is not valid JSON: {}", e.what()), "", "invalid_json");
+  }
+  if (!value.is_object())
+    return ApiError::invalid(fmt::format("the request body must be a JSON object, got {}", type_of(value)), "",
+                             "invalid_json");
+  return value;
+}
+
+Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat) {
+  HttpGeneration out;
+  GenerationRequest& r = out.request;
+  r.chat = chat;
+  Fields f(body);
+  if (auto model = f.string("model")) r.model = *model;
+  refuse_unsupported(f);
+  if (chat) {
+    if (auto messages = parse_messages(f, f.get("messages"))) r.messages = std::move(*messages);
+  } else {
+    parse_prompt(f, r);
+  }
+  r.max_tokens = f.integer("max_tokens");
+  if (chat && !r.max_tokens) r.max_tokens = f.integer("max_completion_tokens");
+  r.temperature = f.number("temperature");
+  r.top_p = f.number("top_p");
+  r.min_p = f.number("min_p");
+  r.top_k = f.integer("top_k");
+  r.presence_penalty = f.number("presence_penalty");
+  r.frequency_penalty = f.number("frequency_penalty");
+  r.repetition_penalty = f.number("repetition_penalty");
+  r.seed = f.unsigned_integer("seed");
+  parse_stop(f, r.stop);
+  r.ignore_eos = f.boolean("ignore_eos").value_or(false);
+  if (!chat) {
+    r.parse_special = f.boolean("parse_special").value_or(false);
+    r.add_special_tokens = f.boolean("add_special_tokens");
+  }
+  out.stream = f.boolean("stream").value_or(false);
+  out.return_token_ids = f.boolean("return_token_ids").value_or(false);
+  if (const json* options = f.get("stream_options"); options != nullptr) {
+    if (!options->is_object()) {
+      f.fail("stream_options", "stream_options must be an object");
+    } else {
+      Fields of(*options, "stream_options.");
+      out.include_usage = of.boolean("include_usage").value_or(false);
+      if (of.error()) f.fail_param(of.error()->param, of.error()->message);
+    }
+  }
+  if (f.error()) return *f.error();
+  return out;
+}
+
+Expected<TokenizeRequest> parse_tokenize(const nlohmann::json& body) {
+  TokenizeRequest r;
+  Fields f(body);
+  if (auto model = f.string("model")) r.model = *model;
+  // "prompt" as vLLM, "content" as llama.cpp.
+  r.text = f.string("prompt");
+  if (!r.text) r.text = f.string("content");
+  if (f.get("messages") != nullptr) r.messages = parse_messages(f, f.get("messages"));
+  r.add_special_tokens = f.boolean("add_special_tokens").value_or(f.boolean("add_special").value_or(true));
+  r.parse_special = f.boolean("parse_special").value_or(false);
+  r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
+  if (f.error()) return *f.error();
+  return r;
+}
+
+Expected<DetokenizeRequest> parse_detokenize(const nlohmann::json& body) {
+  DetokenizeRequest r;
+  Fields f(body);
+  if (auto model = f.string("model")) r.model = *model;
+  const json* tokens = f.get("tokens");
+  if (tokens == nullptr || !tokens->is_array())
+    return ApiError::invalid("tokens must be an array of token ids", "tokens");
+  for (std::size_t i = 0; i < tokens->size(); ++i) {
+    const json& id = (*tokens)[i];
+    if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<std::uint64_t>() > INT64_MAX))
+      return ApiError::invalid(fmt::format("tokens[{}] must be an integer token id, got {}", i, type_of(id)), "tokens");
+    r.tokens.push_back(id.get<std::int64_t>());
+  }
+  if (f.error()) return *f.error();
+  return r;
+}
+
+Expected<RouteRequest> parse_route(const nlohmann::json& body) {
+  RouteRequest r;
+  Fields f(body);
+  if (auto layer = f.integer("layer")) {
+    if (*layer < INT32_MIN || *layer > INT32_MAX) f.fail("layer", "layer is out of range");
+    else r.layer = static_cast<std::int32_t>(*layer);
+  }
+  r.n_experts = f.integer("n_experts");
+  r.top_k = f.integer("top_k");
+  r.normalize = f.boolean("normalize");
+  r.return_probabilities = f.boolean("return_probabilities").value_or(false);
+  const char* name = r.layer ? "hidden" : "logits";
+  const json* rows = f.get(name);
+  if (f.error()) return *f.error();
+  if (rows == nullptr || !rows->is_array() || rows->empty())
+    return ApiError::invalid(r.layer ? "hidden must be an array of numbers (one token) or of arrays (several tokens)"
+                                     : "logits must be an array of numbers (one token) or of arrays (several tokens)",
+                             name);
+  auto read_row = [&](const json& row, std::size_t index) -> std::optional<ApiError> {
+    std::vector<float> values;
+    values.reserve(row.size());
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      if (!row[i].is_number())
+        return ApiError::invalid(fmt::format("{}[{}] must be numbers only; element {} is {}", name, index, i, type_of(row[i])), name);
+      values.push_back(static_cast<float>(row[i].get<double>()));
+    }
+    r.rows.push_back(std::move(values));
+    return std::nullopt;
+  };
+  if ((*rows)[0].is_array()) {
+    for (std::size_t i = 0; i < rows->size(); ++i) {
+      if (!(*rows)[i].is_array()) return ApiError::invalid(fmt::format("{}[{}] must be an array", name, i), name);
+      if (auto error = read_row((*rows)[i], i)) return *error;
+    }
+  } else if (auto error = read_row(*rows, 0)) {
+    return *error;
+  }
+  return r;
+}
+
+ResponseIds new_response_ids(bool chat, std::string model) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  ResponseIds ids;
+  ids.id = fmt::format("{}-{:016x}{:08x}", chat ? "chatcmpl" : "cmpl", rng(), static_cast<std::uint32_t>(rng()));
+  ids.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ids.model = std::move(model);
+  ids.chat = chat;
+  return ids;
+}
+
+nlohmann::json finish_reason_json(Finish finish) {
+  if (finish == Finish::Stop) return "stop";
+  if (finish == Finish::Length) return "length";
+  return nullptr;
+}
+
+nlohmann::json usage_json(const StreamResult& result) {
+  return {{"prompt_tokens", result.prompt_tokens},
+          {"completion_tokens", result.completion_tokens},
+          {"total_tokens", result.prompt_tokens + result.completion_tokens}};
+}
+
+nlohmann::json completion_body(const ResponseIds& ids, const std::string& text,
+                               const std::vector<std::int32_t>* token_ids, const StreamResult& result) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason_json(result.finish)}, {"logprobs", nullptr}};
+  if (ids.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else choice["text"] = text;
+  if (token_ids != nullptr) choice["token_ids"] = *token_ids;
+  return {{"id", ids.id},
+          {"object", ids.chat ? "chat.completion" : "text_completion"},
+          {"created", ids.created},
+          {"model", ids.model},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(result)}};
+}
+
+nlohmann::json stream_chunk(const ResponseIds& ids, const std::string& text,
+                            const std::vector<std::int32_t>* token_ids, const nlohmann::json& finish_reason,
+                            bool role_chunk) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  if (ids.chat) {
+    json delta = json::object();
+    if (role_chunk) delta = {{"role", "assistant"}, {"content", ""}};
+    else if (!text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  if (token_ids != nullptr) choice["token_ids"] = *token_ids;
+  return {{"id", ids.id},
+          {"object", ids.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", ids.created},
+          {"model", ids.model},
+          {"choices", json::array({choice})}};
+}
+
+nlohmann::json usage_chunk(const ResponseIds& ids, const StreamResult& result) {
+  return {{"id", ids.id},
+          {"object", ids.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", ids.created},
+          {"model", ids.model},
+          {"choices", json::array()},
+          {"usage", usage_json(result)}};
+}
+
+nlohmann::json model_body(const ModelInfo& info) {
+  return {{"id", info.id},
+          {"object", "model"},
+          {"created", info.created},
+          {"owned_by", "colibri"},
+          {"max_model_len", info.max_context},
+          {"architecture", info.architecture},
+          {"n_layers", info.n_layers},
+          {"hidden", info.hidden},
+          {"vocab", info.vocab},
+          {"n_experts", info.n_experts},
+          {"top_k", info.top_k},
+          {"moe_layers", info.moe_layers},
+          {"weight_scheme", info.weight_scheme},
+          {"weight_bytes", info.weight_bytes},
+          {"chat_template", info.chat_template},
+          {"max_sessions", info.max_sessions}};
+}
+
+nlohmann::json models_body(const ModelInfo& info) {
+  return {{"object", "list"}, {"data", json::array({model_body(info)})}};
+}
+
+nlohmann::json route_body(const RouteResult& result) {
+  json tokens = json::array();
+  for (const RouteChoice& choice : result.tokens) {
+    json entry = {{"experts", choice.experts}, {"weights", choice.weights}};
+    if (!choice.probabilities.empty()) entry["probabilities"] = choice.probabilities;
+    tokens.push_back(std::move(entry));
+  }
+  json body = {{"object", "route"},
+               {"n_experts", result.n_experts},
+               {"top_k", result.top_k},
+               {"normalize", result.normalize},
+               {"tokens", tokens}};
+  if (result.layer) body["layer"] = *result.layer;
+  return body;
+}
+
+std::string json_text(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const nlohmann::json& value) { return "data: " + json_text(value) + "\n\n"; }
+
+}  // namespace colibri::server

@@ -1,0 +1,70 @@
+// OpenAI-compatible JSON for the HTTP transport: request bodies to the
+// service's structs (type checks, naming the offending field) and results to
+// response bodies and SSE chunks. Range checks are the Service's.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api.h"
+
+namespace colibri::server {
+
+// Checks that the body is UTF-8 (400 naming the byte offset) and a JSON object.
+Expected<nlohmann::json> parse_json_body(std::string_view body);
+
+struct HttpGeneration {
+  GenerationRequest request;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool return_token_ids = false;  // extension: token ids in choices (and stream chunks)
+};
+
+Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat);
+Expected<TokenizeRequest> parse_tokenize(const nlohmann::json& body);
+
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<std::int64_t> tokens;
+};
+Expected<DetokenizeRequest> parse_detokenize(const nlohmann::json& body);
+Expected<RouteRequest> parse_route(const nlohmann::json& body);
+
+// Identifies one response in all its chunks.
+struct ResponseIds {
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  std::int64_t created = 0;
+  std::string model;
+  bool chat = false;
+};
+ResponseIds new_response_ids(bool chat, std::string model);
+
+// "stop" or "length" for finished generations; null otherwise.
+nlohmann::json finish_reason_json(Finish finish);
+nlohmann::json usage_json(const StreamResult& result);
+
+nlohmann::json completion_body(const ResponseIds& ids, const std::string& text,
+                               const std::vector<std::int32_t>* token_ids, const StreamResult& result);
+// One SSE chunk's JSON: text delta (chat: first chunk carries the role) and,
+// on the last chunk, the finish reason.
+nlohmann::json stream_chunk(const ResponseIds& ids, const std::string& text,
+                            const std::vector<std::int32_t>* token_ids, const nlohmann::json& finish_reason,
+                            bool role_chunk = false);
+// The usage-only chunk (stream_options.include_usage): empty choices.
+nlohmann::json usage_chunk(const ResponseIds& ids, const StreamResult& result);
+
+nlohmann::json models_body(const ModelInfo& info);
+nlohmann::json model_body(const ModelInfo& info);
+nlohmann::json route_body(const RouteResult& result);
+
+// JSON text; invalid UTF-8 (which should not reach here) becomes U+FFFD
+// instead of throwing.
+std::string json_text(const nlohmann::json& value);
+// "data: {...}\n\n"
+std::string sse_event(const nlohmann::json& value);
+
+}  // namespace colibri::server

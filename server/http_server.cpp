@@ -1,0 +1,387 @@
+#include "http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <regex>
+
+#include "connection_probe.h"
+#include "http_json.h"
+#include "utf8.h"
+
+namespace colibri::server {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Set by the pre-routing handler; the logger runs later on the same thread.
+thread_local Clock::time_point request_start;
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(json_text(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& error) {
+  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
+  if (error.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  send_json(res, error.status, error.to_json());
+}
+
+const HttpServer::RouteInfo* match_route(const std::string& method, const std::string& path, bool any_method) {
+  static const auto compiled = [] {
+    std::vector<std::regex> patterns;
+    for (const auto& route : HttpServer::routes()) patterns.emplace_back(route.pattern);
+    return patterns;
+  }();
+  const auto& routes = HttpServer::routes();
+  for (std::size_t i = 0; i < routes.size(); ++i)
+    if ((any_method || method == routes[i].method) && std::regex_match(path, compiled[i])) return &routes[i];
+  return nullptr;
+}
+
+// Per-stream state shared by the content provider and its releaser.
+struct StreamState {
+  std::shared_ptr<StreamChannel> channel;
+  ConnectionProbe probe;
+  ResponseIds ids;
+  bool include_usage = false;
+  bool return_token_ids = false;
+  bool role_sent = false;
+  std::chrono::milliseconds poll{100};
+};
+
+// Writes SSE events until the generation ends. Returning false tells
+// cpp-httplib the stream failed; the releaser then cancels the generation.
+bool write_stream(StreamState& state, httplib::DataSink& sink) {
+  auto write = [&](const json& value) {
+    std::string event = sse_event(value);
+    return sink.write(event.data(), event.size());
+  };
+  if (state.ids.chat && !state.role_sent) {
+    state.role_sent = true;
+    if (!write(stream_chunk(state.ids, "", nullptr, nullptr, true))) return false;
+  }
+  for (;;) {
+    StreamChannel::Batch batch = state.channel->wait(state.poll);
+    if (!batch.chunks.empty()) {
+      // Whatever piled up while the last write was in flight goes out as one
+      // event; a fast client still gets one event per token.
+      std::string text;
+      std::vector<std::int32_t> tokens;
+      for (StreamChunk& chunk : batch.chunks) {
+        text += chunk.text;
+        tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+      }
+      if (!text.empty() || (state.return_token_ids && !tokens.empty())) {
+        if (!write(stream_chunk(state.ids, text, state.return_token_ids ? &tokens : nullptr, nullptr))) return false;
+      }
+    }
+    if (batch.result) {
+      const StreamResult& result = *batch.result;
+      if (result.finish == Finish::Cancelled) return false;
+      if (result.error && (result.finish == Finish::Error || result.finish == Finish::Shutdown ||
+                           result.finish == Finish::SlowClient)) {
+        // Headers are gone; a fault after them is reported inside the stream.
+        if (!write(result.error->to_json())) return false;
+      } else {
+        const std::vector<std::int32_t> none;
+        if (!write(stream_chunk(state.ids, "", state.return_token_ids ? &none : nullptr,
+                                finish_reason_json(result.finish))))
+          return false;
+        if (state.include_usage && !write(usage_chunk(state.ids, result))) return false;
+      }
+      static constexpr char kDone[] = "data: [DONE]\n\n";
+      if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
+      sink.done();
+      return true;
+    }
+    if (batch.chunks.empty() && state.probe.closed()) return false;
+  }
+}
+
+}  // namespace
+
+const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
+  static const std::vector<RouteInfo> kRoutes = {
+      {"GET", "/health", "/health"},
+      {"GET", "/ready", "/ready"},
+      {"GET", "/metrics", "/metrics"},
+      {"GET", "/v1/models", "/v1/models"},
+      {"GET", "/v1/models/(.+)", "/v1/models/{id}"},
+      {"POST", "/v1/completions", "/v1/completions"},
+      {"POST", "/v1/chat/completions", "/v1/chat/completions"},
+      {"POST", "/tokenize", "/tokenize"},
+      {"POST", "/detokenize", "/detokenize"},
+      {"POST", "/v1/route", "/v1/route"},
+      {"GET", "/admin/config", "/admin/config"},
+      {"POST", "/admin/reload", "/admin/reload"},
+  };
+  return kRoutes;
+}
+
+HttpServer::HttpServer(Service& service, const LoadedConfig& config)
+    : service_(service), loaded_(config), server_(std::make_unique<httplib::Server>()) {
+  install();
+}
+
+HttpServer::~HttpServer() = default;
+
+Result<int> HttpServer::bind(const std::string& host, int port) {
+  const int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (bound < 0) return make_error("cannot listen on {}:{} (address in use, or not an address of this machine)", host, port);
+  return bound;
+}
+
+void HttpServer::listen() { server_->listen_after_bind(); }
+
+void HttpServer::stop() { server_->stop(); }
+
+void HttpServer::install() {
+  const Config& config = loaded_.config;
+  httplib::Server& s = *server_;
+  const auto threads = static_cast<std::size_t>(config.http_threads);
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.set_payload_max_length(static_cast<std::size_t>(config.max_body_bytes));
+  s.set_read_timeout(static_cast<time_t>(config.read_timeout_s), 0);
+  s.set_write_timeout(static_cast<time_t>(config.write_timeout_s), 0);
+  s.set_keep_alive_timeout(5);
+  s.set_tcp_nodelay(true);  // tokens are small writes; do not wait for Nagle
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    request_start = Clock::now();
+    const Config& c = loaded_.config;
+    // cpp-httplib 0.11 enforces the body limit only for Content-Length bodies;
+    // a chunked upload could grow without bound, so it is refused.
+    if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+      res.set_header("Connection", "close");
+      send_error(res, ApiError{411, "invalid_request_error", "chunked request bodies are not accepted; send Content-Length",
+                               "", "length_required"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // `curl -d` labels bodies application/x-www-form-urlencoded, and the
+    // compiled cpp-httplib caps such bodies at 8 KiB (a 413 for any longer
+    // prompt). Every body here is JSON whatever its label, so the label is
+    // replaced before the body is read (the request object is cpp-httplib's
+    // own non-const one, handed to us by const reference).
+    if (req.get_header_value("Content-Type").find("application/x-www-form-urlencoded") != std::string::npos) {
+      auto& headers = const_cast<httplib::Request&>(req).headers;
+      headers.erase("Content-Type");
+      headers.emplace("Content-Type", "application/json");
+    }
+    if (!c.api_key.empty() && req.path != "/health" &&
+        !bearer_matches(req.get_header_value("Authorization"), c.api_key)) {
+      send_error(res, ApiError::unauthorized(req.has_header("Authorization")
+                                                 ? "the API key is not valid"
+                                                 : "this server needs an API key: send 'Authorization: Bearer <key>'"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  s.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // a handler's own error
+    ApiError error;
+    if (res.status == 404) {
+      if (const RouteInfo* route = match_route(req.method, req.path, true)) {
+        error = ApiError{405, "invalid_request_error", fmt::format("{} needs {}", route->label, route->method), "",
+                         "method_not_allowed"};
+        res.set_header("Allow", route->method);
+      } else {
+        error = ApiError::not_found(fmt::format("no route {} {}", req.method, utf8_replace_invalid(req.path.substr(0, 128))),
+                                    "unknown_route");
+      }
+    } else if (res.status == 413) {
+      error = ApiError::too_large(fmt::format("the request body is larger than max_body_bytes = {} bytes",
+                                              loaded_.config.max_body_bytes));
+    } else if (res.status == 400) {
+      error = ApiError::invalid("malformed HTTP request (for example a POST without Content-Length)");
+    } else {
+      error = ApiError{res.status, res.status >= 500 ? "server_error" : "invalid_request_error",
+                       fmt::format("HTTP {}", res.status), "", ""};
+    }
+    res.status = error.status;
+    send_error(res, error);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+    std::string what = "unknown exception";
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    spdlog::error("internal error in an HTTP handler: {}", what);
+    send_error(res, ApiError::internal("internal server error"));
+  });
+
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    const RouteInfo* route = match_route(req.method, req.path, false);
+    const char* label = route != nullptr ? route->label : "other";
+    service_.metrics().http_requests.inc({label, std::to_string(res.status)});
+    if (loaded_.config.log_requests) {
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - request_start).count();
+      spdlog::info("http {} {} {} {:.1f} ms", req.method, label, res.status, ms);
+    }
+  });
+
+  // Wraps a handler: no exception escapes; anything unexpected is a 500.
+  auto safe = [](auto handler) {
+    return [handler](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handler(req, res);
+      } catch (const std::exception& e) {
+        spdlog::error("internal error in an HTTP handler: {}", e.what());
+        send_error(res, ApiError::internal("internal server error"));
+      } catch (...) {
+        send_error(res, ApiError::internal("internal server error"));
+      }
+    };
+  };
+
+  s.Get("/health", safe([this](const httplib::Request&, httplib::Response& res) {
+          send_json(res, 200, {{"status", "ok"}, {"draining", !service_.ready()}});
+        }));
+  s.Get("/ready", safe([this](const httplib::Request&, httplib::Response& res) {
+          if (service_.ready()) send_json(res, 200, {{"status", "ready"}, {"model", service_.model_id()}});
+          else send_error(res, ApiError::unavailable("draining: the server is shutting down", 5));
+        }));
+  s.Get("/metrics", safe([this](const httplib::Request&, httplib::Response& res) {
+          res.status = 200;
+          res.set_content(service_.metrics().render(), "text/plain; version=0.0.4; charset=utf-8");
+        }));
+  s.Get("/v1/models", safe([this](const httplib::Request&, httplib::Response& res) {
+          send_json(res, 200, models_body(service_.model_info()));
+        }));
+  s.Get("/v1/models/(.+)", safe([this](const httplib::Request& req, httplib::Response& res) {
+          if (auto error = service_.check_model(req.matches[1].str())) return send_error(res, *error);
+          send_json(res, 200, model_body(service_.model_info()));
+        }));
+
+  auto generate = [this](bool chat) {
+    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+      auto body = parse_json_body(req.body);
+      if (!body) return send_error(res, body.error());
+      auto parsed = parse_generation(*body, chat);
+      if (!parsed) return send_error(res, parsed.error());
+      auto spec = service_.prepare(parsed->request);
+      if (!spec) return send_error(res, spec.error());
+      auto started = service_.start(std::move(*spec));
+      if (!started) return send_error(res, started.error());
+      std::shared_ptr<StreamChannel> channel = *started;
+      const auto poll = std::chrono::milliseconds(loaded_.config.disconnect_poll_ms);
+      ConnectionProbe probe = ConnectionProbe::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+
+      // The status is committed only once the request holds a session, so a
+      // queue timeout or a shutdown while queued is still a real 503.
+      for (;;) {
+        auto admission = channel->wait_started(poll);
+        if (admission == StreamChannel::Admission::Started) break;
+        if (admission == StreamChannel::Admission::Ended) {
+          auto batch = channel->wait(std::chrono::milliseconds(0));
+          return send_error(res, batch.result && batch.result->error ? *batch.result->error
+                                                                       : ApiError::internal("the request ended before it started"));
+        }
+        if (probe.closed()) {
+          channel->cancel();
+          res.status = 499;  // nginx's "client closed request"; nobody reads it
+          return;
+        }
+      }
+
+      ResponseIds ids = new_response_ids(chat, service_.model_id());
+      if (!parsed->stream) {
+        std::string text;
+        std::vector<std::int32_t> tokens;
+        for (;;) {
+          StreamChannel::Batch batch = channel->wait(poll);
+          for (StreamChunk& chunk : batch.chunks) {
+            text += chunk.text;
+            tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+          }
+          if (batch.result) {
+            const StreamResult& result = *batch.result;
+            if (result.error) return send_error(res, *result.error);
+            if (result.finish == Finish::Cancelled) return send_error(res, ApiError::invalid("cancelled"));
+            return send_json(res, 200, completion_body(ids, text, parsed->return_token_ids ? &tokens : nullptr, result));
+          }
+          if (batch.chunks.empty() && probe.closed()) {
+            channel->cancel();
+            res.status = 499;
+            return;
+          }
+        }
+      }
+
+      auto state = std::make_shared<StreamState>();
+      state->channel = channel;
+      state->probe = probe;
+      state->ids = std::move(ids);
+      state->include_usage = parsed->include_usage;
+      state->return_token_ids = parsed->return_token_ids;
+      state->poll = poll;
+      res.status = 200;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [state](std::size_t, httplib::DataSink& sink) {
+            try {
+              return write_stream(*state, sink);
+            } catch (...) {
+              return false;
+            }
+          },
+          [state](bool success) {
+            if (!success) state->channel->cancel();
+          });
+    };
+  };
+  s.Post("/v1/completions", safe(generate(false)));
+  s.Post("/v1/chat/completions", safe(generate(true)));
+
+  s.Post("/tokenize", safe([this](const httplib::Request& req, httplib::Response& res) {
+           auto body = parse_json_body(req.body);
+           if (!body) return send_error(res, body.error());
+           auto parsed = parse_tokenize(*body);
+           if (!parsed) return send_error(res, parsed.error());
+           auto result = service_.tokenize(*parsed);
+           if (!result) return send_error(res, result.error());
+           send_json(res, 200, {{"tokens", result->ids}, {"count", result->ids.size()}, {"max_model_len", result->max_context}});
+         }));
+  s.Post("/detokenize", safe([this](const httplib::Request& req, httplib::Response& res) {
+           auto body = parse_json_body(req.body);
+           if (!body) return send_error(res, body.error());
+           auto parsed = parse_detokenize(*body);
+           if (!parsed) return send_error(res, parsed.error());
+           auto text = service_.detokenize(parsed->model, parsed->tokens);
+           if (!text) return send_error(res, text.error());
+           // "prompt" as vLLM answers, "content" as llama.cpp does.
+           send_json(res, 200, {{"prompt", *text}, {"content", *text}});
+         }));
+  s.Post("/v1/route", safe([this](const httplib::Request& req, httplib::Response& res) {
+           auto body = parse_json_body(req.body);
+           if (!body) return send_error(res, body.error());
+           auto parsed = parse_route(*body);
+           if (!parsed) return send_error(res, parsed.error());
+           auto result = service_.route(*parsed);
+           if (!result) return send_error(res, result.error());
+           send_json(res, 200, route_body(*result));
+         }));
+  s.Get("/admin/config", safe([this](const httplib::Request&, httplib::Response& res) {
+          send_json(res, 200, config_report(loaded_));
+        }));
+  s.Post("/admin/reload", safe([](const httplib::Request&, httplib::Response& res) {
+           send_error(res, ApiError::not_implemented(
+                               "hot reload is not implemented yet: it arrives with the hot-reload issue (load and "
+                               "validate a new model next to the served one, swap it between requests). Until then, "
+                               "restart colibri-server to serve a different model."));
+         }));
+}
+
+}  // namespace colibri::server

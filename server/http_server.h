@@ -1,0 +1,45 @@
+// The HTTP transport (cpp-httplib): OpenAI-compatible routes, SSE streaming,
+// auth, limits and access logging over the Service. Handlers never let an
+// exception reach cpp-httplib: anything unexpected becomes a 500 JSON error.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "service.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace colibri::server {
+
+class HttpServer {
+ public:
+  HttpServer(Service& service, const LoadedConfig& config);
+  ~HttpServer();
+
+  // Binds host:port (0 = any free port). Returns the bound port or an error.
+  Result<int> bind(const std::string& host, int port);
+  // Serves until stop(); call from its own thread.
+  void listen();
+  void stop();
+
+  struct RouteInfo {
+    const char* method;
+    const char* pattern;  // regular expression cpp-httplib matches against the path
+    const char* label;    // endpoint label in metrics and logs
+  };
+  // Every route, for 405 detection, metrics labels and the auth coverage test.
+  static const std::vector<RouteInfo>& routes();
+
+ private:
+  void install();
+
+  Service& service_;
+  const LoadedConfig& loaded_;
+  std::unique_ptr<httplib::Server> server_;
+};
+
+}  // namespace colibri::server

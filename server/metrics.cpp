@@ -1,0 +1,152 @@
+#include "metrics.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace colibri::server {
+
+std::string prometheus_escape(std::string_view text, bool is_label) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '"' && is_label) out += "\\\"";
+    else out += c;
+  }
+  return out;
+}
+
+std::string prometheus_number(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", value);
+}
+
+namespace {
+
+void header(std::string& out, std::string_view name, std::string_view help, std::string_view type) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, prometheus_escape(help, false), name, type);
+}
+
+std::string labels(const std::vector<std::string>& names, const std::vector<std::string>& values) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += ',';
+    out += fmt::format("{}=\"{}\"", names[i], prometheus_escape(values[i], true));
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+LabeledCounter::LabeledCounter(std::string name, std::string help, std::vector<std::string> label_names)
+    : name_(std::move(name)), help_(std::move(help)), label_names_(std::move(label_names)) {}
+
+void LabeledCounter::inc(std::initializer_list<std::string_view> label_values, std::uint64_t n) {
+  std::vector<std::string> key(label_values.begin(), label_values.end());
+  std::lock_guard lock(mutex_);
+  values_[std::move(key)] += n;
+}
+
+std::uint64_t LabeledCounter::value(std::initializer_list<std::string_view> label_values) const {
+  std::vector<std::string> key(label_values.begin(), label_values.end());
+  std::lock_guard lock(mutex_);
+  auto it = values_.find(key);
+  return it == values_.end() ? 0 : it->second;
+}
+
+void LabeledCounter::render(std::string& out) const {
+  header(out, name_, help_, "counter");
+  std::lock_guard lock(mutex_);
+  for (const auto& [key, value] : values_) out += fmt::format("{}{} {}\n", name_, labels(label_names_, key), value);
+}
+
+Histogram::Histogram(std::string name, std::string help, std::vector<double> bounds)
+    : name_(std::move(name)), help_(std::move(help)), bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  std::size_t bucket = 0;
+  while (bucket < bounds_.size() && value > bounds_[bucket]) ++bucket;
+  std::lock_guard lock(mutex_);
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+std::uint64_t Histogram::count() const {
+  std::lock_guard lock(mutex_);
+  return count_;
+}
+
+void Histogram::render(std::string& out) const {
+  header(out, name_, help_, "histogram");
+  std::lock_guard lock(mutex_);
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name_, prometheus_number(bounds_[i]), cumulative);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name_, count_);
+  out += fmt::format("{}_sum {}\n{}_count {}\n", name_, prometheus_number(sum_), name_, count_);
+}
+
+ExpertLoad::ExpertLoad(std::int32_t n_layers, std::int32_t n_experts)
+    : n_layers_(n_layers),
+      n_experts_(n_experts),
+      counts_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(n_layers) * static_cast<std::size_t>(n_experts)]) {
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n_layers) * static_cast<std::size_t>(n_experts); ++i)
+    counts_[i].store(0, std::memory_order_relaxed);
+}
+
+std::uint64_t ExpertLoad::get(std::int32_t layer, std::int32_t expert) const {
+  return counts_[static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_experts_) +
+                 static_cast<std::size_t>(expert)]
+      .load(std::memory_order_relaxed);
+}
+
+void ExpertLoad::render(std::string& out) const {
+  header(out, "colibri_expert_tokens_total",
+         "Tokens (prompt and generated) the router sent to each expert of each MoE layer.", "counter");
+  for (std::int32_t l = 0; l < n_layers_; ++l) {
+    for (std::int32_t e = 0; e < n_experts_; ++e) {
+      std::uint64_t value = get(l, e);
+      if (value == 0) continue;  // most experts of most layers stay unvisited on small runs
+      out += fmt::format("colibri_expert_tokens_total{{layer=\"{}\",expert=\"{}\"}} {}\n", l, e, value);
+    }
+  }
+}
+
+Metrics::Metrics() = default;
+
+void Metrics::add_gauge(std::string name, std::string help, std::function<double()> read) {
+  gauges_.push_back({std::move(name), std::move(help), std::move(read)});
+}
+
+std::string Metrics::render() const {
+  std::string out;
+  out.reserve(16384);
+  http_requests.render(out);
+  grpc_requests.render(out);
+  generations.render(out);
+  rejected.render(out);
+  header(out, "colibri_prompt_tokens_total", "Prompt tokens processed.", "counter");
+  out += fmt::format("colibri_prompt_tokens_total {}\n", prompt_tokens.value());
+  header(out, "colibri_generated_tokens_total", "Tokens generated.", "counter");
+  out += fmt::format("colibri_generated_tokens_total {}\n", generated_tokens.value());
+  header(out, "colibri_scheduler_steps_total", "Scheduler steps (one token for every active session).", "counter");
+  out += fmt::format("colibri_scheduler_steps_total {}\n", scheduler_steps.value());
+  for (const Gauge& gauge : gauges_) {
+    header(out, gauge.name, gauge.help, "gauge");
+    out += fmt::format("{} {}\n", gauge.name, prometheus_number(gauge.read()));
+  }
+  time_to_first_token.render(out);
+  inter_token_latency.render(out);
+  request_duration.render(out);
+  batch_size.render(out);
+  if (expert_load_) expert_load_->render(out);
+  return out;
+}
+
+}  // namespace colibri::server

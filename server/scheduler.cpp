@@ -1,0 +1,321 @@
+#include "scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "moe/router.h"
+#include "runtime/sampler.h"
+#include "runtime/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+
+namespace colibri::server {
+
+// One admitted request. The decode loop mirrors engine generate() exactly
+// (same sampler, detokenizer, stop matcher and order of checks) so a request
+// gives the same tokens and text as colibri-run, just one token per step.
+struct Scheduler::Job {
+  GenerationJobSpec spec;
+  std::shared_ptr<StreamChannel> channel;
+  Clock::time_point enqueued, last_token;
+  Session* session = nullptr;
+  std::size_t fed = 0;  // prompt tokens fed so far
+  std::unique_ptr<Sampler> sampler;
+  std::optional<StreamingDecoder> decoder;
+  std::optional<StopStringMatcher> stops;
+  std::vector<std::int32_t> history;  // prompt + generated, for the penalties
+  std::vector<float> logits;          // predicting the next token
+  std::int32_t generated = 0;
+  bool done = false;
+
+  bool prefilling() const { return fed < spec.prompt.size(); }
+};
+
+Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions options, Metrics& metrics)
+    : model_(std::move(model)), options_(options), metrics_(metrics) {
+  // Every session's KV cache is allocated here, once: admission never
+  // allocates a cache and memory use is known at start.
+  pool_.reserve(static_cast<std::size_t>(options_.max_sessions));
+  for (std::int32_t i = 0; i < options_.max_sessions; ++i) {
+    pool_.push_back(std::make_unique<Session>(model_, options_.context));
+    free_.push_back(pool_.back().get());
+  }
+  context_ = pool_.front()->max_context();
+  const ModelConfig& config = model_->config();
+  if (options_.routing_metrics && config.n_experts > 0) {
+    expert_load_ = std::make_shared<ExpertLoad>(config.n_layers, config.n_experts);
+    metrics_.set_expert_load(expert_load_);
+    route_probabilities_.resize(static_cast<std::size_t>(config.n_experts));
+    route_weights_.resize(static_cast<std::size_t>(config.top_k));
+    route_experts_.resize(static_cast<std::size_t>(config.top_k));
+    // The session's tensor hook sees each layer's router logits; choosing the
+    // experts again from them (a softmax over n_experts) is the only way to
+    // observe routing without changing the engine.
+    for (auto& session : pool_) {
+      session->set_tensor_hook([this](std::string_view name, std::int32_t layer, std::int32_t,
+                                      std::span<const float> values) {
+        if (layer >= 0 && name == "router_logits") observe_router(layer, values);
+      });
+    }
+  }
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::start() { thread_ = std::thread([this] { run(); }); }
+
+Expected<std::shared_ptr<StreamChannel>> Scheduler::submit(GenerationJobSpec spec) {
+  auto job = std::make_unique<Job>();
+  job->spec = std::move(spec);
+  job->channel = std::make_shared<StreamChannel>(options_.stream_buffer_chunks);
+  job->enqueued = Clock::now();
+  auto channel = job->channel;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || draining_) {
+      metrics_.rejected.inc({"draining"});
+      return ApiError::unavailable("the server is shutting down and accepts no new generations", 5);
+    }
+    const std::size_t capacity = static_cast<std::size_t>(options_.max_sessions + options_.max_queue);
+    const std::size_t in_system = active_count_.load() + queue_.size();
+    if (in_system >= capacity) {
+      metrics_.rejected.inc({"queue_full"});
+      return ApiError::overloaded(
+          fmt::format("the server is at capacity: {} generations running and {} waiting (max_sessions {}, "
+                      "max_queue {}); retry later",
+                      active_count_.load(), queue_.size(), options_.max_sessions, options_.max_queue),
+          1);
+    }
+    queue_.push_back(std::move(job));
+    queued_count_.store(queue_.size(), std::memory_order_relaxed);
+  }
+  wake_.notify_one();
+  return channel;
+}
+
+void Scheduler::begin_drain() {
+  std::lock_guard lock(mutex_);
+  draining_ = true;
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::fail_queued(Job& job, Finish finish_reason, ApiError error) {
+  StreamResult result;
+  result.finish = finish_reason;
+  result.prompt_tokens = static_cast<std::int32_t>(job.spec.prompt.size());
+  result.error = std::move(error);
+  job.channel->finish(std::move(result));
+}
+
+void Scheduler::run() {
+  std::vector<Job*> starting;
+  for (;;) {
+    starting.clear();
+    bool stopping = false;
+    {
+      std::unique_lock lock(mutex_);
+      if (active_.empty() && queue_.empty() && !stopping_) wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      stopping = stopping_;
+      // Queued requests whose client left or whose wait ran out end here, so
+      // a full queue cannot be held by requests nobody waits for.
+      const auto now = Clock::now();
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        Job& job = **it;
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - job.enqueued).count();
+        if (stopping) {
+          fail_queued(job, Finish::Shutdown, ApiError::unavailable("the server is shutting down", 5));
+        } else if (job.channel->cancel_requested()) {
+          fail_queued(job, Finish::Cancelled, ApiError::invalid("cancelled by the client"));
+          metrics_.generations.inc({"cancelled"});
+        } else if (options_.queue_timeout_ms > 0 && waited > options_.queue_timeout_ms) {
+          metrics_.rejected.inc({"queue_timeout"});
+          fail_queued(job, Finish::Error,
+                      ApiError::unavailable(fmt::format("the request waited {} ms for a free session "
+                                                        "(queue_timeout_ms {}); retry later",
+                                                        waited, options_.queue_timeout_ms),
+                                            1));
+        } else {
+          ++it;
+          continue;
+        }
+        it = queue_.erase(it);
+      }
+      while (!stopping && !queue_.empty() && !free_.empty()) {
+        std::unique_ptr<Job> job = std::move(queue_.front());
+        queue_.pop_front();
+        job->session = free_.back();
+        free_.pop_back();
+        starting.push_back(job.get());
+        active_.push_back(std::move(job));
+      }
+      active_count_.store(active_.size(), std::memory_order_relaxed);
+      queued_count_.store(queue_.size(), std::memory_order_relaxed);
+    }
+    if (stopping) {
+      for (auto& job : active_)
+        finish(*job, Finish::Shutdown, ApiError::unavailable("the server is shutting down", 5));
+      active_.clear();
+      active_count_.store(0, std::memory_order_relaxed);
+      return;
+    }
+    for (Job* job : starting) start_job(*job);
+
+    // One step: prompt tokens up to the prefill budget, then one token for
+    // every session that is decoding.
+    std::int32_t budget = options_.prefill_chunk;
+    std::size_t advanced = 0;
+    for (auto& job_ptr : active_) {
+      Job& job = *job_ptr;
+      if (job.done) continue;
+      if (job.channel->cancel_requested()) {
+        finish(job, Finish::Cancelled);
+        continue;
+      }
+      if (job.prefilling()) {
+        if (budget <= 0) continue;
+        budget -= prefill(job, budget);
+        if (job.done || job.prefilling()) {
+          ++advanced;
+          continue;
+        }
+      }
+      decode_step(job);
+      ++advanced;
+    }
+    metrics_.scheduler_steps.inc();
+    metrics_.batch_size.observe(static_cast<double>(advanced));
+
+    // Finished requests give their session back; the next step admits waiters.
+    if (std::any_of(active_.begin(), active_.end(), [](const auto& job) { return job->done; })) {
+      std::lock_guard lock(mutex_);
+      for (auto& job : active_)
+        if (job->done) free_.push_back(job->session);
+      std::erase_if(active_, [](const auto& job) { return job->done; });
+      active_count_.store(active_.size(), std::memory_order_relaxed);
+    }
+  }
+}
+
+void Scheduler::start_job(Job& job) {
+  const std::int32_t vocab = model_->config().vocab;
+  job.session->reset();
+  job.sampler = std::make_unique<Sampler>(job.spec.sampling, vocab);
+  job.decoder.emplace(model_->tokenizer());
+  job.stops.emplace(job.spec.stop);
+  job.history.reserve(job.spec.prompt.size() + static_cast<std::size_t>(job.spec.max_tokens));
+  job.history.assign(job.spec.prompt.begin(), job.spec.prompt.end());
+  job.logits.resize(static_cast<std::size_t>(vocab));
+  job.channel->mark_started();
+}
+
+std::int32_t Scheduler::prefill(Job& job, std::int32_t budget) {
+  const std::size_t n = std::min(static_cast<std::size_t>(budget), job.spec.prompt.size() - job.fed);
+  std::span<const float> last;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto logits = job.session->decode(job.spec.prompt[job.fed]);
+    if (!logits) {
+      finish(job, Finish::Error, ApiError::internal("prompt processing failed: " + logits.error().message));
+      return static_cast<std::int32_t>(i + 1);
+    }
+    last = *logits;
+    ++job.fed;
+  }
+  metrics_.prompt_tokens.inc(n);
+  if (!job.prefilling()) std::copy(last.begin(), last.end(), job.logits.begin());
+  return static_cast<std::int32_t>(n);
+}
+
+void Scheduler::decode_step(Job& job) {
+  const std::int32_t token = job.sampler->sample(job.logits, job.history);
+  if (token == Sampler::kNoToken) {
+    finish(job, Finish::Error,
+           ApiError::internal(fmt::format("no token can be sampled: every logit is NaN or -inf at position {}",
+                                          job.session->position())));
+    return;
+  }
+  const auto& end_ids = job.spec.end_ids;
+  if (std::find(end_ids.begin(), end_ids.end(), token) != end_ids.end()) {
+    finish_with_flush(job, Finish::Stop);
+    return;
+  }
+  const auto now = Clock::now();
+  ++job.generated;
+  metrics_.generated_tokens.inc();
+  if (job.generated == 1)
+    metrics_.time_to_first_token.observe(std::chrono::duration<double>(now - job.enqueued).count());
+  else
+    metrics_.inter_token_latency.observe(std::chrono::duration<double>(now - job.last_token).count());
+  job.last_token = now;
+  job.history.push_back(token);
+
+  auto step = job.stops->push(job.decoder->push(token));
+  if (!job.channel->push(StreamChunk{std::move(step.emit), {token}})) {
+    finish(job, Finish::SlowClient,
+           ApiError::invalid(fmt::format("the client did not read its stream fast enough ({} chunks "
+                                         "buffered); the generation was cancelled",
+                                         options_.stream_buffer_chunks),
+                             "", "slow_client"));
+    return;
+  }
+  if (step.stopped) {
+    finish(job, Finish::Stop);
+    return;
+  }
+  if (job.generated == job.spec.max_tokens || job.session->position() >= job.session->max_context()) {
+    finish_with_flush(job, Finish::Length);
+    return;
+  }
+  auto logits = job.session->decode(token);
+  if (!logits) {
+    finish(job, Finish::Error, ApiError::internal("decoding failed: " + logits.error().message));
+    return;
+  }
+  std::copy(logits->begin(), logits->end(), job.logits.begin());
+}
+
+void Scheduler::finish_with_flush(Job& job, Finish reason) {
+  // As generate(): text held back by the detokenizer or the stop matcher is
+  // delivered, unless it completes a stop string.
+  auto step = job.stops->push(job.decoder->flush());
+  std::string tail = step.emit + (step.stopped ? std::string() : job.stops->flush());
+  if (step.stopped) reason = Finish::Stop;
+  if (!tail.empty() && !job.channel->push(StreamChunk{std::move(tail), {}})) {
+    finish(job, Finish::SlowClient, ApiError::invalid("the client did not read its stream fast enough", "", "slow_client"));
+    return;
+  }
+  finish(job, reason);
+}
+
+void Scheduler::finish(Job& job, Finish reason, std::optional<ApiError> error) {
+  if (job.done) return;
+  job.done = true;
+  if (reason == Finish::Error && error) spdlog::error("generation failed: {}", error->message);
+  StreamResult result;
+  result.finish = reason;
+  result.prompt_tokens = static_cast<std::int32_t>(job.spec.prompt.size());
+  result.completion_tokens = job.generated;
+  result.error = std::move(error);
+  job.channel->finish(std::move(result));
+  metrics_.generations.inc({finish_name(reason)});
+  metrics_.request_duration.observe(std::chrono::duration<double>(Clock::now() - job.enqueued).count());
+}
+
+void Scheduler::observe_router(std::int32_t layer, std::span<const float> logits) {
+  const ModelConfig& config = model_->config();
+  const RouterSpec spec{config.n_experts, config.top_k, config.norm_topk};
+  if (layer >= expert_load_->n_layers() || logits.size() != route_probabilities_.size()) return;
+  Status routed = route_top_k(spec, logits, route_probabilities_, route_experts_, route_weights_);
+  if (!routed.ok()) return;  // the forward pass reports the same failure itself
+  for (std::int32_t expert : route_experts_) expert_load_->add(layer, expert);
+}
+
+}  // namespace colibri::server

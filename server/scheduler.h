@@ -1,0 +1,100 @@
+// The scheduler: a bounded admission queue, a pool of sessions allocated at
+// start, and one compute thread that advances every active generation by one
+// token per step (continuous batching at token granularity: requests join and
+// leave between steps). Long prompts are prefilled in chunks interleaved with
+// the decode steps of running streams.
+//
+// Limits of today's engine: Session::decode() runs one token of one session,
+// so the sessions of a step run one after another and each reads its experts'
+// weights itself; sharing one pass over an expert's weights across the batch
+// needs a batched decode in the engine.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "api.h"
+#include "metrics.h"
+#include "model/model.h"
+#include "runtime/session.h"
+#include "stream_channel.h"
+
+namespace colibri::server {
+
+struct SchedulerOptions {
+  std::int32_t max_sessions = 4;
+  std::int32_t max_queue = 16;
+  std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
+  std::int32_t prefill_chunk = 32;
+  std::size_t stream_buffer_chunks = 1024;
+  std::int64_t queue_timeout_ms = 60000;  // 0: no limit
+  bool routing_metrics = true;
+};
+
+class Scheduler {
+ public:
+  Scheduler(std::shared_ptr<const Model> model, SchedulerOptions options, Metrics& metrics);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  void start();
+  // Queues a checked request. 429 when max_sessions + max_queue requests are
+  // already in the system, 503 while draining or stopping.
+  Expected<std::shared_ptr<StreamChannel>> submit(GenerationJobSpec spec);
+
+  // Refuses new requests from now on; running and queued ones continue.
+  void begin_drain();
+  // Ends every request (in-stream error "shutting down") and joins the thread.
+  void stop();
+
+  std::size_t active_sessions() const { return active_count_.load(std::memory_order_relaxed); }
+  std::size_t queue_depth() const { return queued_count_.load(std::memory_order_relaxed); }
+  std::int32_t context() const { return context_; }
+  std::int32_t max_sessions() const { return options_.max_sessions; }
+
+ private:
+  struct Job;
+  using Clock = std::chrono::steady_clock;
+
+  void run();
+  void start_job(Job& job);
+  // Feeds up to `budget` prompt tokens; returns how many it fed.
+  std::int32_t prefill(Job& job, std::int32_t budget);
+  void decode_step(Job& job);
+  void finish_with_flush(Job& job, Finish finish);
+  void finish(Job& job, Finish finish, std::optional<ApiError> error = std::nullopt);
+  void fail_queued(Job& job, Finish finish, ApiError error);
+  void observe_router(std::int32_t layer, std::span<const float> logits);
+
+  std::shared_ptr<const Model> model_;
+  SchedulerOptions options_;
+  Metrics& metrics_;
+  std::int32_t context_ = 0;
+  std::vector<std::unique_ptr<Session>> pool_;
+  std::vector<Session*> free_;  // compute thread only
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Job>> queue_;  // guarded by mutex_
+  bool draining_ = false;                   // guarded by mutex_
+  bool stopping_ = false;                   // guarded by mutex_
+  std::atomic<std::size_t> active_count_{0};
+  std::atomic<std::size_t> queued_count_{0};
+
+  std::vector<std::unique_ptr<Job>> active_;  // compute thread only
+  std::thread thread_;
+
+  // Routing statistics: scratch for route_top_k, used on the compute thread only.
+  std::shared_ptr<ExpertLoad> expert_load_;
+  std::vector<float> route_probabilities_, route_weights_;
+  std::vector<std::int32_t> route_experts_;
+};
+
+}  // namespace colibri::server

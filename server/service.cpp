@@ -1,0 +1,346 @@
+#include "service.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "kernels/reference.h"
+#include "moe/router.h"
+#include "utf8.h"
+
+namespace colibri::server {
+
+namespace {
+
+constexpr std::size_t kMaxStopBytes = 1024;
+constexpr std::int64_t kMaxRouteExperts = 65536;
+
+// Untrusted strings quoted in messages are cut short so an error never
+// reflects a large payload.
+std::string quoted(std::string_view text) {
+  constexpr std::size_t kMax = 64;
+  std::string out = utf8_replace_invalid(text.substr(0, kMax));
+  if (text.size() > kMax) out += "...";
+  return out;
+}
+
+std::optional<ApiError> check_range(std::optional<double> value, std::string_view param, double min, double max,
+                                    bool min_exclusive, std::string_view meaning) {
+  if (!value) return std::nullopt;
+  const double v = *value;
+  const bool below = min_exclusive ? !(v > min) : !(v >= min);
+  if (!std::isfinite(v) || below || v > max)
+    return ApiError::invalid(fmt::format("{} must be a finite number in {}{}, {}] ({}), got {}", param,
+                                         min_exclusive ? "(" : "[", min, max, meaning, v),
+                             std::string(param));
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string served_model_id(const Config& config) {
+  if (!config.served_model_name.empty()) return config.served_model_name;
+  std::filesystem::path path(config.model);
+  if (path.filename().empty()) path = path.parent_path();  // "dir/" names the directory
+  std::string name = path.filename().string();
+  return name.empty() ? std::string("model") : name;
+}
+
+bool bearer_matches(std::string_view authorization, std::string_view key) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (authorization.size() < kScheme.size()) return false;
+  for (std::size_t i = 0; i < kScheme.size(); ++i) {
+    char c = authorization[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != kScheme[i]) return false;
+  }
+  std::string_view given = authorization.substr(kScheme.size());
+  // Every byte of the longer string is looked at whatever differs, so the time
+  // taken does not depend on where the first difference is.
+  const std::size_t n = std::max(given.size(), key.size());
+  unsigned difference = given.size() == key.size() ? 0u : 1u;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto a = static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+    const auto b = static_cast<unsigned char>(i < key.size() ? key[i] : 0);
+    difference |= static_cast<unsigned>(a ^ b);
+  }
+  return difference == 0 && !key.empty();
+}
+
+Service::Service(const Config& config, std::shared_ptr<const Model> model, ChatTemplate chat, Scheduler& scheduler,
+                 Metrics& metrics)
+    : config_(config),
+      model_(std::move(model)),
+      chat_(std::move(chat)),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      model_id_(served_model_id(config)),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                   .count()) {}
+
+void Service::begin_drain() {
+  draining_.store(true, std::memory_order_relaxed);
+  scheduler_.begin_drain();
+}
+
+ModelInfo Service::model_info() const {
+  const ModelConfig& c = model_->config();
+  ModelInfo info;
+  info.id = model_id_;
+  info.architecture = c.arch ? std::string(c.arch->model_type) : std::string();
+  info.path = model_->path().string();
+  info.n_layers = c.n_layers;
+  info.hidden = c.hidden;
+  info.vocab = c.vocab;
+  info.n_experts = c.n_experts;
+  info.top_k = c.top_k;
+  info.max_context = scheduler_.context();
+  info.max_sessions = scheduler_.max_sessions();
+  info.weight_scheme = model_->weight_scheme();
+  info.chat_template = std::string(chat_.name());
+  info.weight_bytes = model_->weight_bytes();
+  for (std::size_t l = 0; l < c.layer_is_moe.size(); ++l)
+    if (c.layer_is_moe[l]) info.moe_layers.push_back(static_cast<std::int32_t>(l));
+  info.created = created_;
+  return info;
+}
+
+std::optional<ApiError> Service::check_model(std::string_view requested) const {
+  if (requested.empty() || requested == model_id_) return std::nullopt;
+  ApiError error = ApiError::not_found(
+      fmt::format("the model \"{}\" does not exist; this server serves \"{}\" (GET /v1/models)", quoted(requested),
+                  model_id_),
+      "model_not_found");
+  error.param = "model";
+  return error;
+}
+
+Expected<std::vector<std::int32_t>> Service::prompt_ids(const GenerationRequest& request) const {
+  const Tokenizer& tokenizer = model_->tokenizer();
+  const std::int32_t vocab = model_->config().vocab;
+  if (request.chat) {
+    auto ids = chat_.apply(request.messages, true);
+    if (!ids) return ids.error();
+    return std::move(ids.value());
+  }
+  if (request.prompt_tokens) {
+    const auto& ids = *request.prompt_tokens;
+    if (ids.empty()) return ApiError::invalid("prompt must not be empty", "prompt");
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= vocab)
+        return ApiError::invalid(fmt::format("prompt[{}] = {} is not a token id: the vocabulary is [0, {})", i,
+                                             ids[i], vocab),
+                                 "prompt");
+    return ids;
+  }
+  if (request.prompt.empty()) return ApiError::invalid("prompt must not be empty", "prompt");
+  const std::size_t bad = find_invalid_utf8(request.prompt);
+  if (bad != std::string::npos)
+    return ApiError::invalid(fmt::format("prompt is not valid UTF-8 (byte {})", bad), "prompt", "invalid_utf8");
+  EncodeOptions options;
+  options.add_special_tokens = request.add_special_tokens.value_or(true);
+  options.parse_special = request.parse_special;
+  auto ids = tokenizer.encode(request.prompt, options);
+  if (!ids) return ApiError::invalid(fmt::format("cannot tokenize the prompt: {}", ids.error().message), "prompt");
+  if (ids->empty()) return ApiError::invalid("the prompt tokenizes to no tokens", "prompt");
+  return std::move(ids).value();
+}
+
+Expected<GenerationJobSpec> Service::prepare(const GenerationRequest& request) const {
+  if (auto error = check_model(request.model)) return *error;
+  // Sampling ranges as OpenAI/vLLM document them; temperature 0 is greedy.
+  if (auto e = check_range(request.temperature, "temperature", 0, 2, false, "0 = greedy")) return *e;
+  if (auto e = check_range(request.top_p, "top_p", 0, 1, true, "1 = off")) return *e;
+  if (auto e = check_range(request.min_p, "min_p", 0, 1, false, "0 = off")) return *e;
+  if (auto e = check_range(request.presence_penalty, "presence_penalty", -2, 2, false, "0 = off")) return *e;
+  if (auto e = check_range(request.frequency_penalty, "frequency_penalty", -2, 2, false, "0 = off")) return *e;
+  if (auto e = check_range(request.repetition_penalty, "repetition_penalty", 0, 1e6, true, "1 = off")) return *e;
+  if (request.top_k && (*request.top_k < -1 || *request.top_k > std::numeric_limits<std::int32_t>::max()))
+    return ApiError::invalid(fmt::format("top_k must be an integer >= -1 (-1 and 0 = off), got {}", *request.top_k),
+                             "top_k");
+  if (request.stop.size() > static_cast<std::size_t>(config_.max_stop_strings))
+    return ApiError::invalid(fmt::format("stop has {} strings; at most {} are allowed", request.stop.size(),
+                                         config_.max_stop_strings),
+                             "stop");
+  for (std::size_t i = 0; i < request.stop.size(); ++i) {
+    if (request.stop[i].empty()) return ApiError::invalid(fmt::format("stop[{}] is empty", i), "stop");
+    if (request.stop[i].size() > kMaxStopBytes)
+      return ApiError::invalid(fmt::format("stop[{}] has {} bytes; at most {} are allowed", i, request.stop[i].size(),
+                                           kMaxStopBytes),
+                               "stop");
+  }
+  if (request.max_tokens && *request.max_tokens < 1)
+    return ApiError::invalid(fmt::format("max_tokens must be at least 1, got {}", *request.max_tokens), "max_tokens");
+  if (request.max_tokens && *request.max_tokens > config_.max_tokens_limit)
+    return ApiError::invalid(fmt::format("max_tokens = {} is above this server's limit of {} (max_tokens_limit)",
+                                         *request.max_tokens, config_.max_tokens_limit),
+                             "max_tokens");
+
+  auto prompt = prompt_ids(request);
+  if (!prompt) return prompt.error();
+  const auto n_prompt = static_cast<std::int64_t>(prompt->size());
+  const std::int64_t n_ctx = scheduler_.context();
+  auto context_error = [&](std::string message) {
+    ApiError error = ApiError::invalid(std::move(message), request.chat ? "messages" : "prompt", "context_length_exceeded");
+    error.extra = {{"n_prompt_tokens", n_prompt}, {"n_ctx", n_ctx}};
+    return error;
+  };
+  if (n_prompt >= n_ctx)
+    return context_error(fmt::format("the prompt has {} tokens but the context holds {} (at least one position "
+                                     "must remain for the output)",
+                                     n_prompt, n_ctx));
+  if (request.max_tokens && n_prompt + *request.max_tokens > n_ctx) {
+    ApiError error = context_error(fmt::format("the prompt has {} tokens and max_tokens is {}: {} is more than the "
+                                               "context of {} tokens",
+                                               n_prompt, *request.max_tokens, n_prompt + *request.max_tokens, n_ctx));
+    error.param = "max_tokens";
+    error.extra["max_tokens"] = *request.max_tokens;
+    return error;
+  }
+
+  GenerationJobSpec spec;
+  spec.prompt = std::move(prompt).value();
+  spec.max_tokens = static_cast<std::int32_t>(
+      request.max_tokens ? *request.max_tokens : std::min(config_.default_max_tokens, n_ctx - n_prompt));
+  SamplingParams& s = spec.sampling;
+  s.temperature = static_cast<float>(request.temperature.value_or(0.0));
+  s.top_p = static_cast<float>(request.top_p.value_or(1.0));
+  s.min_p = static_cast<float>(request.min_p.value_or(0.0));
+  s.top_k = static_cast<std::int32_t>(std::max<std::int64_t>(request.top_k.value_or(0), 0));
+  s.presence_penalty = static_cast<float>(request.presence_penalty.value_or(0.0));
+  s.frequency_penalty = static_cast<float>(request.frequency_penalty.value_or(0.0));
+  s.repetition_penalty = static_cast<float>(request.repetition_penalty.value_or(1.0));
+  // OpenAI semantics: without a seed, sampled output differs between requests.
+  s.seed = request.seed ? *request.seed : std::random_device{}();
+  Status valid = validate(s);
+  if (!valid.ok()) return ApiError::invalid(valid.error().message);
+  spec.stop = request.stop;
+  if (!request.ignore_eos) {
+    const Tokenizer& tokenizer = model_->tokenizer();
+    if (auto id = tokenizer.eos_id()) spec.end_ids.push_back(*id);
+    if (auto id = model_->config().eos_token_id) spec.end_ids.push_back(*id);
+    if (request.chat)
+      spec.end_ids.insert(spec.end_ids.end(), chat_.end_of_turn().begin(), chat_.end_of_turn().end());
+  }
+  return spec;
+}
+
+Expected<std::shared_ptr<StreamChannel>> Service::start(GenerationJobSpec spec) {
+  if (!ready()) {
+    metrics_.rejected.inc({"draining"});
+    return ApiError::unavailable("the server is shutting down and accepts no new generations", 5);
+  }
+  return scheduler_.submit(std::move(spec));
+}
+
+Expected<TokenizeResult> Service::tokenize(const TokenizeRequest& request) const {
+  if (auto error = check_model(request.model)) return *error;
+  TokenizeResult result;
+  result.max_context = scheduler_.context();
+  if (request.messages) {
+    auto ids = chat_.apply(*request.messages, request.add_generation_prompt);
+    if (!ids) return ids.error();
+    result.ids = std::move(ids.value());
+    return result;
+  }
+  if (!request.text) return ApiError::invalid("give the text to tokenize as \"prompt\" (or \"content\"), or \"messages\"", "prompt");
+  const std::size_t bad = find_invalid_utf8(*request.text);
+  if (bad != std::string::npos)
+    return ApiError::invalid(fmt::format("prompt is not valid UTF-8 (byte {})", bad), "prompt", "invalid_utf8");
+  EncodeOptions options;
+  options.add_special_tokens = request.add_special_tokens;
+  options.parse_special = request.parse_special;
+  auto ids = model_->tokenizer().encode(*request.text, options);
+  if (!ids) return ApiError::invalid(fmt::format("cannot tokenize: {}", ids.error().message), "prompt");
+  result.ids = std::move(ids).value();
+  return result;
+}
+
+Expected<std::string> Service::detokenize(std::string_view model, const std::vector<std::int64_t>& ids) const {
+  if (auto error = check_model(model)) return *error;
+  const std::int32_t vocab = model_->config().vocab;
+  std::vector<std::int32_t> checked;
+  checked.reserve(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return ApiError::invalid(fmt::format("tokens[{}] = {} is not a token id: the vocabulary is [0, {})", i, ids[i], vocab),
+                               "tokens");
+    checked.push_back(static_cast<std::int32_t>(ids[i]));
+  }
+  auto text = model_->tokenizer().decode(checked);
+  if (!text) return ApiError::invalid(text.error().message, "tokens");
+  return utf8_replace_invalid(*text);
+}
+
+Expected<RouteResult> Service::route(const RouteRequest& request) const {
+  const ModelConfig& c = model_->config();
+  RouteResult result;
+  if (request.rows.empty()) return ApiError::invalid("give at least one row of logits (or hidden values)", request.layer ? "hidden" : "logits");
+  const Matrix* router = nullptr;
+  std::size_t row_size = 0;
+  if (request.layer) {
+    // Form 2: the loaded model's router for one layer.
+    const std::int32_t layer = *request.layer;
+    if (layer < 0 || layer >= c.n_layers)
+      return ApiError::invalid(fmt::format("layer {} does not exist: the model has layers [0, {})", layer, c.n_layers),
+                               "layer");
+    if (static_cast<std::size_t>(layer) >= c.layer_is_moe.size() || !c.layer_is_moe[static_cast<std::size_t>(layer)])
+      return ApiError::invalid(fmt::format("layer {} is a dense layer with no router", layer), "layer");
+    router = &model_->weights().layers[static_cast<std::size_t>(layer)].router;
+    result.n_experts = c.n_experts;
+    result.top_k = c.top_k;
+    result.normalize = request.normalize.value_or(c.norm_topk);
+    result.layer = layer;
+    row_size = static_cast<std::size_t>(c.hidden);
+    if (request.n_experts && *request.n_experts != c.n_experts)
+      return ApiError::invalid(fmt::format("n_experts = {} but layer {} has {} experts", *request.n_experts, layer,
+                                           c.n_experts),
+                               "n_experts");
+  } else {
+    if (!request.n_experts) return ApiError::invalid("n_experts is required with logits (or give a layer and hidden states)", "n_experts");
+    if (*request.n_experts < 1 || *request.n_experts > kMaxRouteExperts)
+      return ApiError::invalid(fmt::format("n_experts must be in [1, {}], got {}", kMaxRouteExperts, *request.n_experts),
+                               "n_experts");
+    if (!request.top_k) return ApiError::invalid("top_k is required with logits", "top_k");
+    result.n_experts = static_cast<std::int32_t>(*request.n_experts);
+    result.top_k = 0;
+    result.normalize = request.normalize.value_or(false);
+    row_size = static_cast<std::size_t>(result.n_experts);
+  }
+  if (request.top_k) {
+    if (*request.top_k < 1 || *request.top_k > result.n_experts)
+      return ApiError::invalid(fmt::format("top_k must be in [1, n_experts = {}], got {}", result.n_experts, *request.top_k),
+                               "top_k");
+    result.top_k = static_cast<std::int32_t>(*request.top_k);
+  }
+  const RouterSpec spec{result.n_experts, result.top_k, result.normalize};
+  Status valid = validate(spec);
+  if (!valid.ok()) return ApiError::invalid(valid.error().message);
+
+  const char* param = request.layer ? "hidden" : "logits";
+  std::vector<float> logits(static_cast<std::size_t>(result.n_experts));
+  std::vector<float> probabilities(logits.size());
+  for (std::size_t r = 0; r < request.rows.size(); ++r) {
+    const std::vector<float>& row = request.rows[r];
+    if (row.size() != row_size)
+      return ApiError::invalid(fmt::format("{}[{}] has {} values; expected {}", param, r, row.size(), row_size), param);
+    for (std::size_t i = 0; i < row.size(); ++i)
+      if (!std::isfinite(row[i]))
+        return ApiError::invalid(fmt::format("{}[{}][{}] is not a finite number", param, r, i), param);
+    if (router != nullptr) ref::matvec(*router, row.data(), logits.data());
+    else std::copy(row.begin(), row.end(), logits.begin());
+    RouteChoice choice;
+    choice.experts.resize(static_cast<std::size_t>(result.top_k));
+    choice.weights.resize(static_cast<std::size_t>(result.top_k));
+    Status routed = route_top_k(spec, logits, probabilities, choice.experts, choice.weights);
+    if (!routed.ok()) return ApiError::invalid(fmt::format("{}[{}]: {}", param, r, routed.error().message), param);
+    if (request.return_probabilities) choice.probabilities = probabilities;
+    result.tokens.push_back(std::move(choice));
+  }
+  return result;
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# colibri-inspect end to end: a converted fixture verifies (exit 0) and its
+# --json document describes it; after one byte inside expert block (layer 1,
+# expert 3) is flipped, --verify exits 3 and names exactly that block; a file
+# that does not parse exits 1 with the parser's message.
+set -euo pipefail
+build_dir=$1
+data_dir=$2
+convert=$build_dir/tools/colibri-convert
+inspect=$build_dir/tools/colibri-inspect
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL inspect_verify: $*" >&2; exit 1; }
+
+"$convert" --input "$data_dir/fixtures/mixtral-tiny" --output "$work/a.colibri" --quant int8 --no-progress 2>/dev/null
+
+# A whole file: exit 0, every checksum OK.
+"$inspect" "$work/a.colibri" --verify > "$work/out.txt" 2>&1 && status=0 || status=$?
+[[ $status -eq 0 ]] || { cat "$work/out.txt"; fail "--verify on a whole file exited $status"; }
+grep -q "Mixtral (model_type mixtral)" "$work/out.txt" || { cat "$work/out.txt"; fail "no architecture line"; }
+grep -q "header OK; 65 tensors and 16 expert blocks OK" "$work/out.txt" || { cat "$work/out.txt"; fail "no checksum line"; }
+
+# --json: one document with the expected counts; it gives the block's position.
+"$inspect" "$work/a.colibri" --json > "$work/a.json"
+offset=$(python3 - "$work/a.json" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["experts"]["count"] == 16, doc["experts"]["count"]
+assert len(doc["expert_blocks"]) == 16
+assert [l["count"] for l in doc["experts"]["per_layer"]] == [8, 8]
+assert doc["hyperparameters"]["experts"] == 8 and doc["hyperparameters"]["top_k"] == 2
+assert len(doc["tensors"]) == doc["tensor_count"] == 65
+assert doc["architecture"]["model_type"] == "mixtral"
+assert doc["quantization"]["recorded"]["scheme"] == "int8"
+assert doc["checksums"]["header"] == "ok" and doc["checksums"]["verified"] is False
+block = next(b for b in doc["expert_blocks"] if b["layer"] == 1 and b["expert"] == 3)
+print(block["file_offset"] + 17)
+EOF
+) || fail "--json document is not as expected"
+
+# Flip one byte inside block (1, 3).
+python3 - "$work/a.colibri" "$offset" <<'EOF'
+import sys
+path, at = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(at)
+    byte = f.read(1)[0]
+    f.seek(at)
+    f.write(bytes([byte ^ 0x5A]))
+EOF
+"$inspect" "$work/a.colibri" --verify > "$work/out.txt" 2>&1 && status=0 || status=$?
+[[ $status -eq 3 ]] || { cat "$work/out.txt"; fail "--verify on a damaged block exited $status, not 3"; }
+grep -q "checksum mismatch in layer 1 expert 3" "$work/out.txt" || { cat "$work/out.txt"; fail "layer 1 expert 3 not named"; }
+others=$(grep -oE "layer [0-9]+ expert [0-9]+" "$work/out.txt" | sort -u | grep -vx "layer 1 expert 3" || true)
+[[ -z $others ]] || { cat "$work/out.txt"; fail "blocks other than layer 1 expert 3 named: $others"; }
+
+"$inspect" "$work/a.colibri" --verify --json > "$work/bad.json" 2>/dev/null && status=0 || status=$?
+[[ $status -eq 3 ]] || fail "--verify --json on a damaged block exited $status, not 3"
+python3 - "$work/bad.json" <<'EOF' || fail "--verify --json does not report the failure"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["checksums"]["ok"] is False
+assert doc["checksums"]["failures"][0]["what"] == "layer 1 expert 3", doc["checksums"]["failures"]
+EOF
+
+# A file that does not parse: exit 1 with the parser's message (also as JSON).
+head -c 1000 "$work/a.colibri" > "$work/short.colibri"
+"$inspect" "$work/short.colibri" > "$work/out.txt" 2>&1 && status=0 || status=$?
+[[ $status -eq 1 ]] || fail "a truncated file exited $status, not 1"
+grep -q "truncated: the header says" "$work/out.txt" || { cat "$work/out.txt"; fail "no truncation message"; }
+"$inspect" "$work/short.colibri" --json 2>/dev/null > "$work/short.json" && status=0 || status=$?
+[[ $status -eq 1 ]] || fail "--json on a truncated file exited $status, not 1"
+python3 -c 'import json,sys; assert "truncated" in json.load(open(sys.argv[1]))["error"]' "$work/short.json" ||
+  fail "--json on a truncated file does not print an error document"
+"$inspect" "$work/missing.colibri" > "$work/out.txt" 2>&1 && status=0 || status=$?
+[[ $status -eq 1 ]] && grep -q "cannot open" "$work/out.txt" || fail "a missing file exited $status"
+echo "inspect_verify: OK"

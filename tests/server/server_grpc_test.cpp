@@ -1,0 +1,255 @@
+// Integration tests of colibri-server's gRPC API (proto/colibri.proto) with a
+// C++ client: the stream carries the same tokens as HTTP, errors map to gRPC
+// codes, deadlines and cancellation free the session, and the standard
+// grpc.health.v1.Health service reports SERVING.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
+#include <gtest/gtest.h>
+
+#include "colibri.grpc.pb.h"
+#include "server_harness.h"
+
+namespace colibri::test {
+namespace {
+
+namespace pb = colibri::v1;
+
+class GrpcServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string error;
+    server_ = ServerProcess::start({"--grpc-port", "0", "--disconnect-poll-ms", "50"}, error);
+    if (!server_) start_error_ = error;
+  }
+  static void TearDownTestSuite() { server_.reset(); }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << start_error_;
+    ASSERT_GT(server_->grpc_port(), 0) << "no 'grpc listening on' line";
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->grpc_port()), grpc::InsecureChannelCredentials());
+    stub_ = pb::Colibri::NewStub(channel_);
+  }
+  static std::unique_ptr<grpc::ClientContext> context(int timeout_ms = 30000) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+    return ctx;
+  }
+  struct Streamed {
+    grpc::Status status;
+    std::vector<std::int32_t> tokens;
+    std::string text;
+    pb::GenerateChunk last;
+    int chunks = 0;
+  };
+  static Streamed read_all(std::unique_ptr<grpc::ClientReader<pb::GenerateChunk>> reader) {
+    Streamed out;
+    pb::GenerateChunk chunk;
+    while (reader->Read(&chunk)) {
+      ++out.chunks;
+      out.tokens.insert(out.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+      out.text += chunk.text();
+      out.last = chunk;
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  static std::unique_ptr<ServerProcess> server_;
+  static std::string start_error_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::Colibri::Stub> stub_;
+};
+std::unique_ptr<ServerProcess> GrpcServerTest::server_;
+std::string GrpcServerTest::start_error_;
+
+TEST_F(GrpcServerTest, HealthReportsServing) {
+  // grpc.health.v1.Health/Check with an empty HealthCheckRequest (service "");
+  // the response is HealthCheckResponse{status = SERVING (1)}: bytes 08 01.
+  // Raw bytes avoid compiling a second .proto just for the test.
+  auto ctx = context();
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::Status status = grpc::internal::BlockingUnaryCall(
+      channel_.get(), grpc::internal::RpcMethod("/grpc.health.v1.Health/Check", grpc::internal::RpcMethod::NORMAL_RPC),
+      ctx.get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST_F(GrpcServerTest, ModelInfo) {
+  auto ctx = context();
+  pb::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModelInfo(ctx.get(), pb::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.id(), "qwen3moe-tiny");
+  EXPECT_EQ(info.architecture(), "qwen3_moe");
+  EXPECT_EQ(info.n_experts(), 16);
+  EXPECT_EQ(info.top_k(), 8);
+  EXPECT_EQ(info.chat_template(), "chatml");
+}
+
+TEST_F(GrpcServerTest, GenerateStreamsTheSameTokensAsHttp) {
+  const std::string prompt = "The quick brown fox jumps over the lazy dog";
+  auto http = http_post(server_->port(), "/v1/completions",
+                        json{{"prompt", prompt}, {"max_tokens", 24}, {"return_token_ids", true}});
+  ASSERT_EQ(http.status, 200) << http.body;
+  const json choice = http.json_body()["choices"][0];
+
+  pb::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.mutable_options()->set_max_tokens(24);
+  request.mutable_options()->set_temperature(0);
+  auto ctx = context();
+  Streamed out = read_all(stub_->Generate(ctx.get(), request));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.tokens, choice["token_ids"].get<std::vector<std::int32_t>>());
+  EXPECT_EQ(out.text, choice["text"].get<std::string>());
+  EXPECT_GT(out.chunks, 1);
+  EXPECT_EQ(out.last.finish_reason(), choice["finish_reason"] == "length" ? pb::FINISH_REASON_LENGTH : pb::FINISH_REASON_STOP);
+  EXPECT_EQ(out.last.usage().completion_tokens(), static_cast<int>(out.tokens.size()));
+}
+
+TEST_F(GrpcServerTest, ChatStreamsTheSameTokensAsHttp) {
+  auto http = http_post(server_->port(), "/v1/chat/completions",
+                        json{{"messages", {{{"role", "user"}, {"content", "Hi there"}}}}, {"max_tokens", 16}, {"return_token_ids", true}});
+  ASSERT_EQ(http.status, 200) << http.body;
+  pb::ChatRequest request;
+  auto* message = request.add_messages();
+  message->set_role("user");
+  message->set_content("Hi there");
+  request.mutable_options()->set_max_tokens(16);
+  auto ctx = context();
+  Streamed out = read_all(stub_->Chat(ctx.get(), request));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.tokens, http.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>());
+  EXPECT_EQ(out.text, http.json_body()["choices"][0]["message"]["content"].get<std::string>());
+}
+
+TEST_F(GrpcServerTest, TokenizeDetokenizeAndRoute) {
+  auto ctx = context();
+  pb::TokenizeRequest tokenize;
+  tokenize.set_text("Hello world");
+  pb::TokenizeResponse ids;
+  ASSERT_TRUE(stub_->Tokenize(ctx.get(), tokenize, &ids).ok());
+  EXPECT_EQ(ids.count(), ids.ids_size());
+  auto ctx2 = context();
+  pb::DetokenizeRequest detokenize;
+  detokenize.mutable_ids()->CopyFrom(ids.ids());
+  pb::DetokenizeResponse text;
+  ASSERT_TRUE(stub_->Detokenize(ctx2.get(), detokenize, &text).ok());
+  EXPECT_EQ(text.text(), "Hello world");
+
+  auto ctx3 = context();
+  pb::RouteRequest route;
+  route.set_n_experts(4);
+  route.set_top_k(2);
+  for (float v : {1.0f, 3.0f, 2.0f, 0.0f, 0.0f, 0.0f, 0.0f, 9.0f}) route.add_logits(v);
+  pb::RouteResponse routed;
+  ASSERT_TRUE(stub_->Route(ctx3.get(), route, &routed).ok());
+  ASSERT_EQ(routed.tokens_size(), 2);
+  EXPECT_EQ(routed.tokens(0).experts(0), 1);
+  EXPECT_EQ(routed.tokens(0).experts(1), 2);
+  EXPECT_EQ(routed.tokens(1).experts(0), 3);
+}
+
+TEST_F(GrpcServerTest, ErrorsMapToGrpcCodes) {
+  auto run = [&](pb::GenerateRequest request) {
+    auto ctx = context();
+    return read_all(stub_->Generate(ctx.get(), request)).status;
+  };
+  pb::GenerateRequest bad_temperature;
+  bad_temperature.set_prompt("x");
+  bad_temperature.mutable_options()->set_temperature(-1);
+  grpc::Status status = run(bad_temperature);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("temperature"), std::string::npos);
+  pb::GenerateRequest unknown_model;
+  unknown_model.set_model("gpt-4");
+  unknown_model.set_prompt("x");
+  EXPECT_EQ(run(unknown_model).error_code(), grpc::StatusCode::NOT_FOUND);
+  pb::GenerateRequest too_long;
+  for (int i = 0; i < 5000; ++i) too_long.mutable_prompt_tokens()->add_ids(42);
+  EXPECT_EQ(run(too_long).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  auto ctx = context();
+  pb::ReloadResponse reload;
+  EXPECT_EQ(stub_->Reload(ctx.get(), pb::ReloadRequest(), &reload).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // The OpenAI-shaped error body rides in the trailing metadata.
+  auto ctx2 = context();
+  pb::TokenizeRequest tokenize;
+  tokenize.set_model("gpt-4");
+  pb::TokenizeResponse ignored;
+  EXPECT_EQ(stub_->Tokenize(ctx2.get(), tokenize, &ignored).error_code(), grpc::StatusCode::NOT_FOUND);
+  auto trailer = ctx2->GetServerTrailingMetadata().find("colibri-error-bin");
+  ASSERT_NE(trailer, ctx2->GetServerTrailingMetadata().end());
+  auto body = json::parse(std::string(trailer->second.data(), trailer->second.size()));
+  EXPECT_EQ(body["error"]["code"], "model_not_found");
+}
+
+TEST_F(GrpcServerTest, DeadlineStopsTheGenerationAndFreesTheSession) {
+  pb::GenerateRequest request;
+  request.set_prompt("deadline");
+  request.mutable_options()->set_max_tokens(3000);
+  request.mutable_options()->set_ignore_eos(true);
+  auto ctx = context(300);
+  Streamed out = read_all(stub_->Generate(ctx.get(), request));
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(out.tokens.size(), 3000u);
+  const auto start = std::chrono::steady_clock::now();
+  while (metric_value(http_get(server_->port(), "/metrics").body, "colibri_active_sessions") != 0 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+}
+
+TEST_F(GrpcServerTest, ClientCancelFreesTheSession) {
+  pb::GenerateRequest request;
+  request.set_prompt("cancel");
+  request.mutable_options()->set_max_tokens(3000);
+  request.mutable_options()->set_ignore_eos(true);
+  auto ctx = context();
+  auto reader = stub_->Generate(ctx.get(), request);
+  pb::GenerateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  ctx->TryCancel();
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  const auto start = std::chrono::steady_clock::now();
+  while (metric_value(http_get(server_->port(), "/metrics").body, "colibri_active_sessions") != 0 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+}
+
+TEST(GrpcAuthTest, MethodsNeedTheKeyButHealthDoesNot) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "0"}, error, {"COLIBRI_API_KEY=grpc-key"});
+  ASSERT_NE(server, nullptr) << error;
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->grpc_port()), grpc::InsecureChannelCredentials());
+  auto stub = pb::Colibri::NewStub(channel);
+  pb::ModelInfo info;
+  grpc::ClientContext without;
+  EXPECT_EQ(stub->GetModelInfo(&without, pb::GetModelInfoRequest(), &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext wrong;
+  wrong.AddMetadata("authorization", "Bearer nope");
+  EXPECT_EQ(stub->GetModelInfo(&wrong, pb::GetModelInfoRequest(), &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext right;
+  right.AddMetadata("authorization", "Bearer grpc-key");
+  EXPECT_TRUE(stub->GetModelInfo(&right, pb::GetModelInfoRequest(), &info).ok());
+  grpc::ClientContext health;
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  EXPECT_TRUE(grpc::internal::BlockingUnaryCall(channel.get(),
+                                                grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
+                                                                          grpc::internal::RpcMethod::NORMAL_RPC),
+                                                &health, request, &response)
+                  .ok());
+}
+
+}  // namespace
+}  // namespace colibri::test

@@ -1,0 +1,251 @@
+// Bad input over HTTP, one test each, while another client streams from the
+// same server throughout (it must finish untouched); the API key on every
+// route; and admission control (429 when the queue is full).
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "server_harness.h"
+
+namespace colibri::test {
+namespace {
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string error;
+    server_ = ServerProcess::start({"--grpc-port", "-1", "--max-body-bytes", "65536", "--max-tokens-limit", "4096"}, error);
+    if (!server_) start_error_ = error;
+  }
+  static void TearDownTestSuite() { server_.reset(); }
+
+  // A client streaming 400 tokens starts before each test's bad requests and
+  // must end normally after them.
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << start_error_;
+    std::promise<void> first_event;
+    auto started = first_event.get_future();
+    background_ = std::async(std::launch::async, [this, promise = std::move(first_event)]() mutable {
+      bool signalled = false;
+      return http_stream(port(), "/v1/completions",
+                         json{{"prompt", "background"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true},
+                              {"return_token_ids", true}},
+                         [&](const json&) {
+                           if (!signalled) promise.set_value();
+                           signalled = true;
+                           return true;
+                         });
+    });
+    ASSERT_EQ(started.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  }
+  void TearDown() override {
+    if (!background_.valid()) return;
+    SseResult stream = background_.get();
+    EXPECT_EQ(stream.status, 200);
+    EXPECT_TRUE(stream.done);
+    std::size_t tokens = 0;
+    for (const json& event : stream.events)
+      if (event.contains("choices") && !event["choices"].empty()) tokens += event["choices"][0]["token_ids"].size();
+    EXPECT_EQ(tokens, 400u) << "the other client's stream was disturbed";
+  }
+
+  static int port() { return server_->port(); }
+
+  // Posts `body` and checks a 400 (or `status`) in OpenAI's error shape.
+  static json expect_error(const std::string& path, const std::string& body, int status, const std::string& param = "") {
+    auto res = http_post(port(), path, body);
+    EXPECT_EQ(res.status, status) << body << " -> " << res.body;
+    json parsed = res.json_body();
+    EXPECT_TRUE(parsed.is_object() && parsed.contains("error")) << res.body;
+    if (!parsed.is_object() || !parsed.contains("error")) return {};
+    const json& error = parsed["error"];
+    EXPECT_TRUE(error["message"].is_string());
+    EXPECT_TRUE(error["type"].is_string());
+    EXPECT_TRUE(error.contains("param") && error.contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(error["param"], param) << body << " -> " << res.body;
+    }
+    return error;
+  }
+
+  static std::unique_ptr<ServerProcess> server_;
+  static std::string start_error_;
+  std::future<SseResult> background_;
+};
+std::unique_ptr<ServerProcess> BadInputTest::server_;
+std::string BadInputTest::start_error_;
+
+TEST_F(BadInputTest, MalformedJson) {
+  EXPECT_EQ(expect_error("/v1/completions", R"({"prompt": "x",)", 400)["code"], "invalid_json");
+  expect_error("/v1/completions", "not json at all", 400);
+  expect_error("/v1/completions", "[1, 2, 3]", 400);
+  expect_error("/v1/chat/completions", "", 400);
+  expect_error("/v1/completions", R"({"prompt": "\ud800"})", 400);  // lone surrogate escape
+}
+
+TEST_F(BadInputTest, WrongTypes) {
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": "10"})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": "0.7"})", 400, "temperature");
+  expect_error("/v1/completions", R"({"prompt": 123})", 400, "prompt");
+  expect_error("/v1/completions", R"({"prompt": "x", "stop": 42})", 400, "stop");
+  expect_error("/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "stream");
+  expect_error("/v1/completions", R"({"prompt": ["a", "b"]})", 400, "prompt");
+  expect_error("/v1/chat/completions", R"({"messages": "hi"})", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages": null})", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages": [123]})", 400, "messages[0]");
+  expect_error("/v1/chat/completions", R"({"messages": [{}]})", 400, "messages[0].role");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": 123, "content": "x"}]})", 400, "messages[0].role");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages[0].content");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "messages[0].role");
+  expect_error("/v1/chat/completions", R"({"messages": []})", 400, "messages");
+  expect_error("/v1/completions", R"({"prompt": ""})", 400, "prompt");
+  expect_error("/tokenize", R"({"prompt": 5})", 400, "prompt");
+  expect_error("/detokenize", R"({"tokens": ["a"]})", 400, "tokens");
+  expect_error("/v1/route", R"({"n_experts": 4, "top_k": 2, "logits": "x"})", 400, "logits");
+}
+
+TEST_F(BadInputTest, MaxTokensOutOfBounds) {
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": -1})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 1.5})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 1099511627776})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 18446744073709551615})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 5000})", 400, "max_tokens");  // above the limit
+  // Fits the limit but not the context with the prompt: both numbers named.
+  auto error = expect_error("/v1/completions", R"({"prompt": "x y z", "max_tokens": 4096})", 400, "max_tokens");
+  EXPECT_EQ(error["code"], "context_length_exceeded");
+  EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "max_tokens": null})")).status, 200);
+}
+
+TEST_F(BadInputTest, TemperatureNegativeOrNotANumber) {
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": -1})", 400, "temperature");
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": 2.5})", 400, "temperature");
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": "NaN"})", 400, "temperature");
+  // JSON has no NaN literal; a number that overflows to infinity is refused by the parser.
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": 1e999})", 400);
+  expect_error("/v1/completions", R"({"prompt": "x", "temperature": NaN})", 400);
+  expect_error("/v1/completions", R"({"prompt": "x", "top_p": 0})", 400, "top_p");
+  expect_error("/v1/completions", R"({"prompt": "x", "min_p": 1.5})", 400, "min_p");
+  expect_error("/v1/completions", R"({"prompt": "x", "presence_penalty": 3})", 400, "presence_penalty");
+  expect_error("/v1/completions", R"({"prompt": "x", "repetition_penalty": 0})", 400, "repetition_penalty");
+  expect_error("/v1/completions", R"({"prompt": "x", "top_k": -2})", 400, "top_k");
+  expect_error("/v1/completions", R"({"prompt": "x", "seed": -1})", 400, "seed");
+}
+
+TEST_F(BadInputTest, PromptLongerThanTheContext) {
+  std::vector<int> ids(5000, 42);
+  auto error = expect_error("/v1/completions", json{{"prompt", ids}}.dump(), 400, "prompt");
+  EXPECT_EQ(error["code"], "context_length_exceeded");
+  EXPECT_EQ(error["n_prompt_tokens"], 5000);
+  EXPECT_EQ(error["n_ctx"], 4096);
+  const std::string message = error["message"];
+  EXPECT_NE(message.find("5000"), std::string::npos) << message;
+  EXPECT_NE(message.find("4096"), std::string::npos) << message;
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text += " w" + std::to_string(i % 10);
+  auto chat = expect_error("/v1/chat/completions",
+                           json{{"messages", {{{"role", "user"}, {"content", text}}}}}.dump(), 400, "messages");
+  EXPECT_EQ(chat["code"], "context_length_exceeded");
+}
+
+TEST_F(BadInputTest, UnknownModel) {
+  auto error = expect_error("/v1/completions", R"({"model": "gpt-4", "prompt": "x"})", 404);
+  EXPECT_EQ(error["code"], "model_not_found");
+  expect_error("/v1/chat/completions", R"({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})", 404);
+  expect_error("/tokenize", R"({"model": "gpt-4", "prompt": "x"})", 404);
+}
+
+TEST_F(BadInputTest, BodyOverTheLimit) {
+  const std::string body = R"({"prompt": ")" + std::string(70000, 'a') + R"("})";
+  auto error = expect_error("/v1/completions", body, 413);
+  EXPECT_NE(error["message"].get<std::string>().find("65536"), std::string::npos);
+}
+
+TEST_F(BadInputTest, InvalidUtf8InThePrompt) {
+  auto error = expect_error("/v1/completions", "{\"prompt\": \"caf\xC3 \xFF\"}", 400);
+  EXPECT_EQ(error["code"], "invalid_utf8");
+  EXPECT_NE(error["message"].get<std::string>().find("byte 15"), std::string::npos) << error["message"];
+  expect_error("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xED\xA0\x80\"}]}", 400);
+}
+
+TEST_F(BadInputTest, UnsupportedOptionsAreRefusedByName) {
+  expect_error("/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n");
+  expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "n");
+  expect_error("/v1/completions", R"({"prompt": "x", "logprobs": 5})", 400, "logprobs");
+  expect_error("/v1/completions", R"({"prompt": "x", "echo": true})", 400, "echo");
+  expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"1": 5}})", 400, "logit_bias");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})", 400, "tools");
+  expect_error("/v1/completions", R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop");
+  expect_error("/v1/completions", R"({"prompt": "x", "stop": [""]})", 400, "stop");
+  EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "n": 1, "max_tokens": 2, "user": "u"})")).status, 200);
+}
+
+TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1"}, error, {"COLIBRI_API_KEY=test-key-123"});
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  const std::vector<std::pair<std::string, std::string>> routes = {
+      {"GET", "/ready"},         {"GET", "/metrics"},          {"GET", "/v1/models"},
+      {"GET", "/v1/models/x"},   {"POST", "/v1/completions"},  {"POST", "/v1/chat/completions"},
+      {"POST", "/tokenize"},     {"POST", "/detokenize"},      {"POST", "/v1/route"},
+      {"GET", "/admin/config"},  {"POST", "/admin/reload"},    {"GET", "/no/such/route"}};
+  for (const httplib::Headers& headers :
+       {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer wrong-key-123"}},
+        httplib::Headers{{"Authorization", "test-key-123"}}, httplib::Headers{{"X-Api-Key", "test-key-123"}}}) {
+    for (const auto& [method, path] : routes) {
+      HttpResult res = method == "GET" ? http_get(port, path, headers) : http_post(port, path, std::string("{}"), headers);
+      EXPECT_EQ(res.status, 401) << method << " " << path;
+      EXPECT_EQ(res.json_body()["error"]["type"], "authentication_error") << path;
+    }
+  }
+  EXPECT_EQ(http_get(port, "/health").status, 200);
+  const httplib::Headers good = {{"Authorization", "Bearer test-key-123"}};
+  EXPECT_EQ(http_get(port, "/v1/models", good).status, 200);
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}, good).status, 200);
+  auto config = http_get(port, "/admin/config", good);
+  EXPECT_EQ(config.status, 200);
+  EXPECT_EQ(config.body.find("test-key-123"), std::string::npos) << "the key must not be shown";
+}
+
+TEST(AdmissionTest, FullQueueAnswers429WithRetryAfter) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--max-sessions", "1", "--max-queue", "1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  // A holds the only session; B waits in the queue; C finds it full.
+  std::promise<void> holding;
+  auto held = holding.get_future();
+  std::atomic<bool> release{false};
+  auto a = std::async(std::launch::async, [&, promise = std::move(holding)]() mutable {
+    bool first = true;
+    return http_stream(port, "/v1/completions",
+                       json{{"prompt", "hold"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}},
+                       [&](const json&) {
+                         if (first) promise.set_value();
+                         first = false;
+                         return !release.load();
+                       });
+  });
+  ASSERT_EQ(held.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto b = std::async(std::launch::async, [&] {
+    return http_post(port, "/v1/completions", json{{"prompt", "queued"}, {"max_tokens", 3}});
+  });
+  for (int i = 0; i < 200 && metric_value(http_get(port, "/metrics").body, "colibri_queue_depth") != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_queue_depth"), 1);
+  auto c = http_post(port, "/v1/completions", json{{"prompt", "rejected"}, {"max_tokens", 3}});
+  EXPECT_EQ(c.status, 429) << c.body;
+  EXPECT_EQ(c.json_body()["error"]["type"], "rate_limit_error");
+  auto retry = c.headers.find("Retry-After");
+  ASSERT_NE(retry, c.headers.end());
+  EXPECT_GE(std::atoi(retry->second.c_str()), 1);
+  release = true;  // A disconnects at its next event; B gets the session
+  a.get();
+  auto b_result = b.get();
+  EXPECT_EQ(b_result.status, 200) << b_result.body;
+  EXPECT_GE(metric_value(http_get(port, "/metrics").body, "colibri_rejected_requests_total{reason=\"queue_full\"}"), 1);
+}
+
+}  // namespace
+}  // namespace colibri::test

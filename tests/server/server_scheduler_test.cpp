@@ -1,0 +1,201 @@
+// The scheduler without a transport: continuous batching, chunked prefill,
+// isolation of concurrent sessions, and the bounded per-request buffer that
+// cancels a consumer who stops reading instead of waiting for it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "model/model.h"
+#include "runtime/generator.h"
+#include "scheduler.h"
+
+namespace colibri::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto loaded = Model::load(std::string(COLIBRI_TEST_DATA_DIR) + "/fixtures/olmoe-tiny");
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    model_ = *loaded;
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+
+  static GenerationJobSpec job(std::vector<std::int32_t> prompt, std::int32_t max_tokens) {
+    GenerationJobSpec spec;
+    spec.prompt = std::move(prompt);
+    spec.max_tokens = max_tokens;  // no end ids: runs to max_tokens
+    return spec;
+  }
+
+  struct Drained {
+    std::vector<std::int32_t> tokens;
+    std::string text;
+    StreamResult result;
+  };
+  static Drained drain(StreamChannel& channel, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    Drained out;
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      auto batch = channel.wait(std::chrono::milliseconds(50));
+      for (auto& chunk : batch.chunks) {
+        out.tokens.insert(out.tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+        out.text += chunk.text;
+      }
+      if (batch.result) {
+        out.result = *batch.result;
+        return out;
+      }
+    }
+    ADD_FAILURE() << "the request did not finish";
+    return out;
+  }
+
+  static std::shared_ptr<const Model> model_;
+};
+std::shared_ptr<const Model> SchedulerTest::model_;
+
+TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
+  const std::vector<std::int32_t> prompt = {39, 68, 423, 78, 278, 260};
+  GenerateOptions options;
+  options.max_tokens = 40;
+  options.ignore_eos = true;
+  Session session(model_, 256);
+  auto alone = generate(session, prompt, options, {});
+  ASSERT_TRUE(alone.ok());
+
+  Metrics metrics;
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_sessions = 4;
+  scheduler_options.context = 256;
+  scheduler_options.prefill_chunk = 3;  // prompts split across steps
+  Scheduler scheduler(model_, scheduler_options, metrics);
+  scheduler.start();
+  std::vector<std::shared_ptr<StreamChannel>> channels;
+  for (int i = 0; i < 4; ++i) {
+    // Different prompt lengths so the sessions are at different positions in every step.
+    std::vector<std::int32_t> p = prompt;
+    if (i > 0) p.insert(p.begin(), static_cast<std::int32_t>(100 + i));
+    auto channel = scheduler.submit(job(i == 0 ? prompt : p, 40));
+    ASSERT_TRUE(channel.ok());
+    channels.push_back(*channel);
+  }
+  auto first = drain(*channels[0]);
+  EXPECT_EQ(first.tokens, alone->tokens);
+  EXPECT_EQ(first.text, alone->text);
+  EXPECT_EQ(first.result.finish, Finish::Length);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(drain(*channels[static_cast<std::size_t>(i)]).tokens.size(), 40u);
+  EXPECT_GT(metrics.batch_size.count(), 0u);
+  scheduler.stop();
+}
+
+TEST_F(SchedulerTest, AShortRequestFinishesWhileALongOneRuns) {
+  Metrics metrics;
+  SchedulerOptions options;
+  options.max_sessions = 2;
+  options.context = 2048;
+  Scheduler scheduler(model_, options, metrics);
+  scheduler.start();
+  auto long_channel = scheduler.submit(job({1, 2, 3}, 1500));
+  ASSERT_TRUE(long_channel.ok());
+  ASSERT_EQ((*long_channel)->wait_started(std::chrono::seconds(5)), StreamChannel::Admission::Started);
+  auto short_channel = scheduler.submit(job({4, 5, 6}, 5));
+  ASSERT_TRUE(short_channel.ok());
+  auto short_result = drain(**short_channel);
+  EXPECT_EQ(short_result.tokens.size(), 5u);
+  EXPECT_FALSE((*long_channel)->peek_result().has_value()) << "the long request should still be running";
+  (*long_channel)->cancel();
+  EXPECT_EQ(drain(**long_channel).result.finish, Finish::Cancelled);
+  scheduler.stop();
+}
+
+TEST_F(SchedulerTest, ALongPromptDoesNotStallARunningStream) {
+  Metrics metrics;
+  SchedulerOptions options;
+  options.max_sessions = 2;
+  options.context = 4096;
+  options.prefill_chunk = 32;
+  Scheduler scheduler(model_, options, metrics);
+  scheduler.start();
+  auto running = scheduler.submit(job({1, 2, 3}, 4000));
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ((*running)->wait_started(std::chrono::seconds(5)), StreamChannel::Admission::Started);
+  (void)(*running)->wait(std::chrono::milliseconds(200));  // it is streaming
+  std::vector<std::int32_t> long_prompt(3000);
+  for (std::size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<std::int32_t>(i % 500);
+  auto prefilling = scheduler.submit(job(long_prompt, 1));
+  ASSERT_TRUE(prefilling.ok());
+  // Count the running stream's tokens until the long prompt's first token.
+  std::size_t during_prefill = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline) {
+    for (auto& chunk : (*running)->wait(std::chrono::milliseconds(5)).chunks) during_prefill += chunk.tokens.size();
+    auto done = (*prefilling)->peek_result();
+    if (done) break;
+  }
+  // ~94 steps of 32 prompt tokens; the stream gets a token in every one.
+  EXPECT_GE(during_prefill, 50u);
+  (*running)->cancel();
+  drain(**running);
+  scheduler.stop();
+}
+
+TEST_F(SchedulerTest, AConsumerThatStopsReadingIsCancelledNotWaitedFor) {
+  Metrics metrics;
+  SchedulerOptions options;
+  options.max_sessions = 2;
+  options.context = 512;
+  options.stream_buffer_chunks = 64;
+  Scheduler scheduler(model_, options, metrics);
+  scheduler.start();
+  // `slow` is never read. `other` (fewer tokens than the buffer holds, so it
+  // cannot overflow however late its reader wakes) must still finish.
+  auto slow = scheduler.submit(job({7, 8, 9}, 300));
+  auto other = scheduler.submit(job({7, 8, 9}, 40));
+  ASSERT_TRUE(slow.ok() && other.ok());
+  auto other_result = drain(**other);
+  EXPECT_EQ(other_result.tokens.size(), 40u);
+  EXPECT_EQ(other_result.result.finish, Finish::Length);
+  std::optional<StreamResult> slow_result;
+  for (int i = 0; i < 500 && !slow_result; ++i) {
+    slow_result = (*slow)->peek_result();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(slow_result.has_value());
+  EXPECT_EQ(slow_result->finish, Finish::SlowClient);
+  EXPECT_EQ(slow_result->completion_tokens, 65);  // 64 buffered, the 65th did not fit
+  EXPECT_EQ(metrics.generations.value({"slow_client"}), 1u);
+  for (int i = 0; i < 100 && scheduler.active_sessions() != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(scheduler.active_sessions(), 0u);
+  scheduler.stop();
+}
+
+TEST_F(SchedulerTest, AdmissionIsBoundedAndStopEndsEverything) {
+  Metrics metrics;
+  SchedulerOptions options;
+  options.max_sessions = 1;
+  options.max_queue = 1;
+  options.context = 2048;
+  Scheduler scheduler(model_, options, metrics);
+  scheduler.start();
+  auto a = scheduler.submit(job({1}, 2000));
+  auto b = scheduler.submit(job({2}, 5));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = scheduler.submit(job({3}, 5));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().status, 429);
+  EXPECT_GE(c.error().retry_after_s, 1);
+  scheduler.begin_drain();
+  EXPECT_EQ(scheduler.submit(job({4}, 5)).error().status, 503);
+  scheduler.stop();
+  EXPECT_EQ((*a)->peek_result()->finish, Finish::Shutdown);
+  EXPECT_EQ((*b)->peek_result()->finish, Finish::Shutdown);
+  EXPECT_EQ(scheduler.active_sessions(), 0u);
+}
+
+}  // namespace
+}  // namespace colibri::server

@@ -1,0 +1,345 @@
+// Every kernel on every instruction-set path this machine can run, against the
+// scalar reference (kernels/reference.h) or an exact integer model of the int8
+// arithmetic, on random shapes with ragged tails. Tolerances follow from the
+// arithmetic: a float sum of k terms in any order is within about k * 2^-24
+// times the sum of the terms' magnitudes of the exact value, so each bound is
+// (terms + slack) * 2^-23 * sum|terms|; integer parts are compared exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/dispatch.h"
+#include "kernels/kernels.h"
+#include "kernels/quantize.h"
+#include "kernels/reference.h"
+
+namespace colibri::kernels {
+namespace {
+
+constexpr double kUlp = 1.0 / (1 << 23);  // 2 * 2^-24: both sides round
+
+struct Weights {
+  std::vector<std::uint8_t> bytes;
+  Matrix m;
+};
+
+Weights make_weights(WeightFormat format, std::int32_t rows, std::int32_t cols, std::int32_t group,
+                     std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(static_cast<std::size_t>(rows) * cols);
+  for (float& v : values) v = normal(rng) * 0.1f + 0.02f;  // asymmetric, like trained weights
+  if (!is_quantized(format)) group = 0;
+  Weights w;
+  w.bytes.resize(weight_layout(format, rows, cols, static_cast<std::uint32_t>(group))->total_bytes);
+  quantize_weights(format, rows, cols, group, values.data(), w.bytes.data());
+  w.m = matrix_view(format, rows, cols, group, w.bytes.data());
+  return w;
+}
+
+std::vector<float> random_vector(std::int32_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& v : x) v = normal(rng);
+  // Outliers, as real activations have: they set a group's scale.
+  if (n > 3) x[static_cast<std::size_t>(n) / 3] *= 8.0f;
+  return x;
+}
+
+int code_at(const Matrix& m, std::int32_t r, std::int32_t c) {
+  const auto* bytes = static_cast<const std::uint8_t*>(m.data);
+  if (m.format == WeightFormat::Q8) return reinterpret_cast<const std::int8_t*>(bytes)[static_cast<std::size_t>(r) * m.cols + c];
+  const std::uint8_t byte = bytes[static_cast<std::size_t>(r) * ((m.cols + 1) / 2) + c / 2];
+  return c % 2 == 0 ? (byte & 0x0f) : (byte >> 4);
+}
+
+// The int8 product in exact arithmetic (double holds every term exactly
+// enough) and the magnitude sum the tolerance scales with.
+void exact_int8_row(const Matrix& w, std::int32_t r, const ActivationQ8& xq, double& value, double& magnitude) {
+  const std::int32_t groups = (w.cols + w.group - 1) / w.group;
+  value = magnitude = 0.0;
+  for (int plane = 0; plane < (xq.residual ? 2 : 1); ++plane) {
+    const std::vector<std::int8_t>& q = plane == 0 ? xq.q : xq.residual_q;
+    const std::vector<float>& x_scales = plane == 0 ? xq.scales : xq.residual_scales;
+    const std::vector<std::int32_t>& sums = plane == 0 ? xq.sums : xq.residual_sums;
+    for (std::int32_t g = 0; g < groups; ++g) {
+      const std::int32_t begin = g * w.group, end = std::min(w.cols, begin + w.group);
+      std::int64_t dot = 0, abs_dot = 0;
+      for (std::int32_t c = begin; c < end; ++c) {
+        const std::int64_t p = static_cast<std::int64_t>(code_at(w, r, c)) * q[static_cast<std::size_t>(c)];
+        dot += p;
+        abs_dot += std::llabs(p);
+      }
+      const double scale = static_cast<double>(w.scales[static_cast<std::size_t>(r) * groups + g]) * x_scales[g];
+      value += scale * static_cast<double>(dot);
+      magnitude += std::fabs(scale) * static_cast<double>(abs_dot);
+      if (w.format == WeightFormat::Q4) {
+        const double min_term = static_cast<double>(w.mins[static_cast<std::size_t>(r) * groups + g]) *
+                                x_scales[g] * sums[g];
+        value += min_term;
+        magnitude += std::fabs(min_term);
+      }
+    }
+  }
+}
+
+class KernelPaths : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    previous_ = active_isa();
+    ASSERT_TRUE(force_isa(GetParam()));
+    ASSERT_EQ(active_isa(), GetParam());
+  }
+  void TearDown() override { force_isa(previous_); }
+  Isa previous_ = Isa::Scalar;
+};
+
+struct Shape {
+  std::int32_t rows, cols, group;
+};
+
+std::vector<Shape> shapes(WeightFormat format, std::mt19937& rng) {
+  std::vector<Shape> out;
+  const std::int32_t cols_list[] = {1, 7, 16, 31, 33, 48, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 384, 1000, 2048};
+  std::uniform_int_distribution<std::int32_t> rows(1, 67);
+  for (std::int32_t cols : cols_list) {
+    if (!is_quantized(format)) {
+      out.push_back({rows(rng), cols, 0});
+      continue;
+    }
+    // The defaults, the other common sizes, group > cols, and odd sizes.
+    for (std::int32_t group : {32, 64, 128, 256, cols + 5, 3, 17, 40, 96})
+      out.push_back({rows(rng), cols, group});
+  }
+  return out;
+}
+
+TEST_P(KernelPaths, MatvecWithF32ActivationsMatchesReference) {
+  std::mt19937 rng(1234);
+  for (WeightFormat format : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4}) {
+    for (const Shape& s : shapes(format, rng)) {
+      SCOPED_TRACE(testing::Message() << weight_format_name(format) << " " << s.rows << "x" << s.cols << " group " << s.group);
+      Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
+      std::vector<float> x = random_vector(s.cols, rng);
+      std::vector<float> want(static_cast<std::size_t>(s.rows)), got(want.size(), NAN);
+      ref::matvec(w.m, x.data(), want.data());
+      matvec(w.m, x.data(), nullptr, got.data());
+      std::vector<float> row(static_cast<std::size_t>(s.cols));
+      for (std::int32_t r = 0; r < s.rows; ++r) {
+        dequantize_row(w.m, r, row.data());
+        double magnitude = 0.0;
+        for (std::int32_t c = 0; c < s.cols; ++c) magnitude += std::fabs(static_cast<double>(row[c]) * x[c]);
+        // Both sides sum cols products (plus per-group rescaling) in f32.
+        const double tolerance = (s.cols + 64) * kUlp * magnitude + 1e-30;
+        ASSERT_NEAR(got[r], want[r], tolerance) << "row " << r;
+      }
+    }
+  }
+}
+
+TEST_P(KernelPaths, MatvecWithInt8ActivationsIsTheExactIntegerProduct) {
+  std::mt19937 rng(99);
+  for (bool residual : {false, true})
+  for (WeightFormat format : {WeightFormat::Q8, WeightFormat::Q4}) {
+    for (const Shape& s : shapes(format, rng)) {
+      SCOPED_TRACE(testing::Message() << weight_format_name(format) << " " << s.rows << "x" << s.cols << " group "
+                                      << s.group << (residual ? " residual" : ""));
+      Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
+      std::vector<float> x = random_vector(s.cols, rng);
+      ActivationQ8 xq;
+      quantize_activation(x.data(), s.cols, s.group, xq, residual);
+      ASSERT_TRUE(uses_int8_activations(w.m, &xq));
+      std::vector<float> got(static_cast<std::size_t>(s.rows), NAN), want_f32(got.size());
+      matvec(w.m, x.data(), &xq, got.data());
+      ref::matvec(w.m, x.data(), want_f32.data());
+      const std::int32_t groups = (s.cols + s.group - 1) / s.group;
+      std::vector<float> row(static_cast<std::size_t>(s.cols));
+      for (std::int32_t r = 0; r < s.rows; ++r) {
+        double exact, magnitude;
+        exact_int8_row(w.m, r, xq, exact, magnitude);
+        // Per-group integer dots are exact; what remains is f32 accumulation of
+        // one term per group (and lane) plus the scale product's rounding.
+        ASSERT_NEAR(got[r], exact, (groups + 40) * kUlp * magnitude + 1e-30) << "row " << r;
+        // And against the f32 reference: each activation is off by at most half
+        // its group's step (the residual plane's step with it), so
+        // |error| <= sum_c |w_c| * step_g / 2 (plus the residual's own rounding).
+        dequantize_row(w.m, r, row.data());
+        double bound = 0.0, f32_magnitude = 0.0;
+        for (std::int32_t c = 0; c < s.cols; ++c) {
+          const double step = residual ? xq.residual_scales[c / s.group] + 4e-7 * std::fabs(x[c]) : xq.scales[c / s.group];
+          bound += std::fabs(row[c]) * step * 0.5;
+          f32_magnitude += std::fabs(static_cast<double>(row[c]) * x[c]);
+        }
+        ASSERT_NEAR(got[r], want_f32[r], bound * 1.0001 + (s.cols + 64) * kUlp * (f32_magnitude + magnitude) + 1e-30)
+            << "row " << r;
+      }
+    }
+  }
+}
+
+TEST_P(KernelPaths, RowRangesComputeTheSameBitsAndTouchNothingElse) {
+  std::mt19937 rng(7);
+  for (WeightFormat format : {WeightFormat::F32, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4}) {
+    const std::int32_t rows = 67, cols = 300, group = is_quantized(format) ? 32 : 0;
+    Weights w = make_weights(format, rows, cols, group, rng);
+    std::vector<float> x = random_vector(cols, rng);
+    ActivationQ8 xq;
+    quantize_activation(x.data(), cols, std::max(group, 1), xq);
+    ActivationQ8 xq2;
+    quantize_activation(x.data(), cols, std::max(group, 1), xq2, true);
+    for (const ActivationQ8* q : {static_cast<const ActivationQ8*>(nullptr), static_cast<const ActivationQ8*>(&xq),
+                                  static_cast<const ActivationQ8*>(&xq2)}) {
+      std::vector<float> whole(rows);
+      matvec(w.m, x.data(), q, whole.data());
+      for (int trial = 0; trial < 20; ++trial) {
+        std::int32_t a = std::uniform_int_distribution<std::int32_t>(0, rows)(rng);
+        std::int32_t b = std::uniform_int_distribution<std::int32_t>(0, rows)(rng);
+        if (a > b) std::swap(a, b);
+        std::vector<float> part(rows, -7.0f);
+        matvec(w.m, x.data(), q, part.data(), a, b);
+        for (std::int32_t r = 0; r < rows; ++r) {
+          if (r >= a && r < b)
+            ASSERT_EQ(part[r], whole[r]) << weight_format_name(format) << " row " << r << " of [" << a << "," << b << ")";
+          else
+            ASSERT_EQ(part[r], -7.0f) << "row " << r << " outside [" << a << "," << b << ") was written";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelPaths, ActivationQuantizationIsIdenticalToTheScalarPath) {
+  std::mt19937 rng(5);
+  for (std::int32_t n : {1, 5, 64, 100, 128, 129, 256, 383, 2048}) {
+    for (std::int32_t group : {1, 3, 32, 64, 128, 1000}) {
+      std::vector<float> x = random_vector(n, rng, 3.0f);
+      if (n > 10) std::fill(x.begin() + 2, x.begin() + 9, 0.0f);  // an all-zero group for small groups
+      ActivationQ8 got, want;
+      quantize_activation(x.data(), n, group, got, true);
+      ASSERT_TRUE(force_isa(Isa::Scalar));
+      quantize_activation(x.data(), n, group, want, true);
+      ASSERT_TRUE(force_isa(GetParam()));
+      SCOPED_TRACE(testing::Message() << "n " << n << " group " << group);
+      EXPECT_EQ(got.q, want.q);
+      EXPECT_EQ(got.scales, want.scales);
+      EXPECT_EQ(got.sums, want.sums);
+      EXPECT_EQ(got.residual_q, want.residual_q);
+      EXPECT_EQ(got.residual_scales, want.residual_scales);
+      EXPECT_EQ(got.residual_sums, want.residual_sums);
+      const std::size_t blocks = static_cast<std::size_t>(n) / 128 * 128;
+      EXPECT_TRUE(std::equal(got.q4.begin(), got.q4.begin() + static_cast<std::ptrdiff_t>(blocks), want.q4.begin()));
+      EXPECT_TRUE(std::equal(got.residual_q4.begin(), got.residual_q4.begin() + static_cast<std::ptrdiff_t>(blocks),
+                             want.residual_q4.begin()));
+      // The residual plane quantizes what the first missed, at most 1/254 of its step.
+      for (std::size_t g = 0; g < got.scales.size(); ++g) ASSERT_LE(got.residual_scales[g], got.scales[g] / 254.0f * 1.0001f);
+      // The definition: round(x * 127 / max|x|) per group, padding zero.
+      for (std::int32_t c = 0; c < n; ++c) {
+        const float amax = [&] {
+          float m = 0.0f;
+          for (std::int32_t i = c / group * group; i < std::min(n, (c / group + 1) * group); ++i) m = std::max(m, std::fabs(x[i]));
+          return m;
+        }();
+        const float expected = amax > 0.0f ? std::nearbyint(x[c] * (127.0f / amax)) : 0.0f;
+        ASSERT_EQ(got.q[static_cast<std::size_t>(c)], static_cast<std::int8_t>(expected)) << "column " << c;
+      }
+      for (std::size_t c = static_cast<std::size_t>(n); c < got.q.size(); ++c) ASSERT_EQ(got.q[c], 0);
+    }
+  }
+}
+
+TEST_P(KernelPaths, ElementwiseKernelsMatchReference) {
+  std::mt19937 rng(11);
+  for (std::int32_t n : {1, 3, 8, 15, 16, 17, 64, 100, 1000, 2051}) {
+    SCOPED_TRACE(testing::Message() << "n " << n);
+    std::vector<float> a = random_vector(n, rng, 2.0f), b = random_vector(n, rng), w = random_vector(n, rng);
+
+    double magnitude = 0.0;
+    for (std::int32_t i = 0; i < n; ++i) magnitude += std::fabs(static_cast<double>(a[i]) * b[i]);
+    EXPECT_NEAR(dot(a.data(), b.data(), n), ref::dot(a.data(), b.data(), n), (n + 16) * kUlp * magnitude);
+
+    std::vector<float> got(a.size()), want(a.size());
+    rmsnorm(a.data(), w.data(), n, 1e-5f, got.data());
+    ref::rmsnorm(a.data(), w.data(), n, 1e-5f, want.data());
+    // The sum of squares may be accumulated in f32 (n terms), then a few roundings per element.
+    for (std::int32_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], (n / 2.0 + 8) * kUlp * std::fabs(want[i]) + 1e-30) << i;
+
+    got = a;
+    want = a;
+    softmax(got.data(), n);
+    ref::softmax(want.data(), n);
+    // exp to a few ulp, then the normalising sum of n positive terms.
+    for (std::int32_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], (n + 16) * kUlp * want[i] + 1e-38) << i;
+
+    swiglu(a.data(), b.data(), n, got.data());
+    for (std::int32_t i = 0; i < n; ++i) {
+      const float expected = ref::silu(a[i]) * b[i];
+      ASSERT_NEAR(got[i], expected, 16 * kUlp * std::fabs(expected) + 1e-30) << i;
+    }
+  }
+  // Softmax of very spread logits: tiny probabilities underflow gracefully.
+  std::vector<float> spread = {0.0f, -50.0f, -100.0f, -200.0f, 3.0f};
+  softmax(spread.data(), 5);
+  EXPECT_NEAR(spread[4], 1.0f / (1.0f + std::exp(-3.0f)), 1e-6);
+  for (float p : spread) EXPECT_TRUE(p >= 0.0f && p <= 1.0f);
+}
+
+TEST_P(KernelPaths, AttentionKernelsMatchReference) {
+  std::mt19937 rng(3);
+  for (std::int32_t head_dim : {16, 24, 64, 80, 128, 130}) {
+    for (std::int32_t positions : {1, 3, 4, 5, 33, 200}) {
+      SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << " positions " << positions);
+      const std::size_t stride = static_cast<std::size_t>(head_dim) * 3 + 5;  // several heads per row, odd stride
+      std::vector<float> cache = random_vector(static_cast<std::int32_t>(stride * positions), rng);
+      std::vector<float> q = random_vector(head_dim, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      std::vector<float> scores(static_cast<std::size_t>(positions));
+      attention_scores(q.data(), cache.data() + head_dim, stride, positions, head_dim, scale, scores.data());
+      for (std::int32_t p = 0; p < positions; ++p) {
+        const float* k = cache.data() + static_cast<std::size_t>(p) * stride + head_dim;
+        double magnitude = 0.0;
+        for (std::int32_t i = 0; i < head_dim; ++i) magnitude += std::fabs(static_cast<double>(q[i]) * k[i]);
+        ASSERT_NEAR(scores[p], ref::dot(q.data(), k, head_dim) * scale, (head_dim + 16) * kUlp * magnitude * scale) << p;
+      }
+      ref::softmax(scores.data(), positions);
+      std::vector<float> out(static_cast<std::size_t>(head_dim) + 1, -3.0f);
+      attention_values(scores.data(), cache.data() + 2 * head_dim, stride, positions, head_dim, out.data());
+      ASSERT_EQ(out[static_cast<std::size_t>(head_dim)], -3.0f) << "wrote past head_dim";
+      for (std::int32_t i = 0; i < head_dim; ++i) {
+        double want = 0.0, magnitude = 0.0;
+        for (std::int32_t p = 0; p < positions; ++p) {
+          const double term = static_cast<double>(scores[p]) * cache[static_cast<std::size_t>(p) * stride + 2 * head_dim + i];
+          want += term;
+          magnitude += std::fabs(term);
+        }
+        ASSERT_NEAR(out[i], want, (positions + 16) * kUlp * magnitude + 1e-30) << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, KernelPaths, ::testing::ValuesIn(supported_isas()),
+                         [](const auto& param_info) { return std::string(isa_name(param_info.param)); });
+
+TEST(KernelDispatch, PathsAreNamedAndUnsupportedOnesAreRefused) {
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon}) EXPECT_EQ(isa_from_name(isa_name(isa)), isa);
+  EXPECT_FALSE(isa_from_name("sse9").has_value());
+  EXPECT_TRUE(isa_supported(Isa::Scalar));
+  const Isa before = active_isa();
+#if defined(__x86_64__)
+  EXPECT_FALSE(isa_supported(Isa::Neon));
+  EXPECT_FALSE(force_isa(Isa::Neon));
+  EXPECT_EQ(active_isa(), before);
+  // The default is the best path the CPU has.
+  if (std::getenv("COLIBRI_ISA") == nullptr) {
+    EXPECT_EQ(before, supported_isas().back());
+  }
+#endif
+  ASSERT_TRUE(force_isa(Isa::Scalar));
+  EXPECT_EQ(active_isa(), Isa::Scalar);
+  ASSERT_TRUE(force_isa(before));
+}
+
+}  // namespace
+}  // namespace colibri::kernels

@@ -1,0 +1,160 @@
+// ThreadTeam: coverage of parallel_for ranges, reuse across many jobs,
+// pinning failures reported rather than fatal; and the property Session relies
+// on: a team of any size gives bit-identical logits to no team, for f32, int8
+// and int4 models (row splits never change a row's arithmetic).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "format/checkpoint.h"
+#include "format/colibri_writer.h"
+#include "model/model.h"
+#include "runtime/session.h"
+#include "runtime/thread_team.h"
+
+namespace colibri {
+namespace {
+
+TEST(ThreadTeam, ParallelForCoversEveryIndexOnceInGrainAlignedRanges) {
+  for (std::int32_t threads : {1, 2, 3, 5}) {
+    ThreadTeam team(threads);
+    EXPECT_EQ(team.size(), threads);
+    for (std::int32_t n : {1, 7, 16, 17, 100, 1000, 50304}) {
+      for (std::int32_t grain : {1, 16, 64}) {
+        std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+        std::atomic<bool> bad_range{false};
+        team.parallel_for(n, grain, [&](std::int32_t member, std::int32_t begin, std::int32_t end) {
+          if (member < 0 || member >= threads || begin % grain != 0 || begin >= end || end > n) bad_range = true;
+          for (std::int32_t i = begin; i < end; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1);
+        });
+        ASSERT_FALSE(bad_range) << threads << " threads, n " << n << ", grain " << grain;
+        for (std::int32_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << i;
+      }
+    }
+  }
+}
+
+TEST(ThreadTeam, ManyShortJobsAndIdleGapsStayCorrect) {
+  ThreadTeam team(2);
+  std::vector<std::int64_t> sums(2, 0);
+  std::int64_t total = 0;
+  for (int job = 0; job < 20000; ++job) {
+    if (job % 5000 == 4999) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // workers go to sleep
+    std::int64_t job_sum = 0;
+    std::atomic<std::int64_t> atomic_sum{0};
+    team.parallel_for(64, 1, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
+      std::int64_t s = 0;
+      for (std::int32_t i = begin; i < end; ++i) s += i + job;
+      atomic_sum += s;
+    });
+    for (std::int32_t i = 0; i < 64; ++i) job_sum += i + job;
+    ASSERT_EQ(atomic_sum.load(), job_sum) << "job " << job;
+    total += job_sum;
+  }
+  EXPECT_GT(total, 0);
+}
+
+TEST(ThreadTeam, EachMemberHasItsOwnAlignedScratch) {
+  ThreadTeam team(3, {}, 100);
+  team.reserve_scratch(4096);
+  for (std::int32_t m = 0; m < 3; ++m) {
+    EXPECT_GE(team.scratch(m).size(), 4096u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(team.scratch(m).data()) % 64, 0u);
+    if (m > 0) {
+      EXPECT_NE(team.scratch(m).data(), team.scratch(m - 1).data());
+    }
+  }
+}
+
+TEST(ThreadTeam, PinningFailuresAreReportedNotFatal) {
+  ThreadTeam team(2, {0, 100000});  // no machine here has core 100000
+  ASSERT_FALSE(team.pin_errors().empty());
+  EXPECT_NE(team.pin_errors()[0].find("100000"), std::string::npos) << team.pin_errors()[0];
+  std::atomic<int> ran{0};
+  team.parallel_for(100, 1, [&](std::int32_t, std::int32_t b, std::int32_t e) { ran += e - b; });
+  EXPECT_EQ(ran.load(), 100);
+
+  ThreadTeam unpinned(1);
+  EXPECT_FALSE(unpinned.pin_caller());
+  EXPECT_GE(ThreadTeam::available_cores(), 1);
+}
+
+TEST(ThreadTeam, PinsToAllowedCores) {
+  std::vector<std::int32_t> cores;
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  for (int c = 0; c < CPU_SETSIZE && cores.size() < 2; ++c)
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  ThreadTeam team(static_cast<std::int32_t>(cores.size()), cores);
+  EXPECT_TRUE(team.pin_errors().empty()) << team.pin_errors()[0];
+}
+
+// ---- Session with a team ---------------------------------------------------------
+
+std::filesystem::path fixture_dir(const std::string& name) {
+  return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / name;
+}
+
+class TeamSessions : public ::testing::Test {
+ protected:
+  static std::filesystem::path temp_dir() {
+    return std::filesystem::temp_directory_path() / ("colibri-team-" + std::to_string(::getpid()));
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(temp_dir()); }
+
+  static std::filesystem::path convert(const std::string& fixture, const std::string& scheme_name) {
+    std::filesystem::create_directories(temp_dir());
+    auto out = temp_dir() / (fixture + "-" + scheme_name + ".colibri");
+    auto checkpoint = open_checkpoint(fixture_dir(fixture));
+    EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
+    ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
+                       checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
+    auto status = write_colibri(out, input, *quant_scheme(scheme_name));
+    EXPECT_TRUE(status.ok()) << status.error().message;
+    return out;
+  }
+
+  // Logits at every position of the fixture's first prompt plus 8 greedy steps.
+  static std::vector<std::vector<float>> run(const std::shared_ptr<const Model>& model, ThreadTeam* team,
+                                             const std::vector<std::int32_t>& prompt, ActivationMode mode) {
+    Session session(model, 0, team);
+    session.set_activation_modes({mode, mode, mode, mode, mode, mode});
+    std::vector<std::vector<float>> all;
+    std::int32_t next = 0;
+    for (std::size_t i = 0; i < prompt.size() + 8; ++i) {
+      auto logits = session.decode(i < prompt.size() ? prompt[i] : next);
+      EXPECT_TRUE(logits.ok());
+      all.emplace_back(logits->begin(), logits->end());
+      next = static_cast<std::int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    }
+    return all;
+  }
+};
+
+TEST_F(TeamSessions, TeamsOfAnySizeGiveBitIdenticalLogits) {
+  ThreadTeam one(1), two(2), three(3);
+  for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"}) {
+    std::ifstream in(fixture_dir(fixture) / "reference.json");
+    const auto prompt = nlohmann::json::parse(in)["prompts"][0]["tokens"].get<std::vector<std::int32_t>>();
+    for (const char* scheme : {"f32", "int8", "int4"}) {
+      SCOPED_TRACE(testing::Message() << fixture << " " << scheme);
+      auto model = Model::load(std::string(scheme) == "f32" ? fixture_dir(fixture) : convert(fixture, scheme));
+      ASSERT_TRUE(model.ok()) << model.error().message;
+      for (ActivationMode mode : {ActivationMode::F32, ActivationMode::Int8, ActivationMode::Int8Residual}) {
+        if (std::string(scheme) == "f32" && mode != ActivationMode::F32) continue;  // no quantized weights
+        SCOPED_TRACE(testing::Message() << "activation mode " << static_cast<int>(mode));
+        const auto alone = run(*model, nullptr, prompt, mode);
+        EXPECT_EQ(run(*model, &one, prompt, mode), alone);
+        EXPECT_EQ(run(*model, &two, prompt, mode), alone);
+        EXPECT_EQ(run(*model, &three, prompt, mode), alone);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace colibri
