@@ -52,6 +52,13 @@ const std::array kOptions = {
                "Prompt tokens processed per scheduler step across all prefilling requests, so a "
                "long prompt does not stall running streams for more than this many token passes.",
                Reload::Hot},
+    OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
+               "Threads of the compute team that splits each token's matrix products (the scheduler's own "
+               "thread is one of them). 0 means the cores this process may use; 1 means no team. Default 1: "
+               "the engine's ThreadTeam can still hang under a long decode loop (see docs/SERVER.md)."},
+    OptionSpec{"compute_cores", &C::compute_cores, 0, 0, "",
+               "Cores to pin the compute team to, as a comma-separated list (\"2,3\": the scheduler thread on "
+               "core 2, the next member on 3, ...); empty leaves the team unpinned."},
     OptionSpec{"stream_buffer_chunks", &C::stream_buffer_chunks, 8, 1 << 20, "",
                "Per-request buffer between the compute thread and the connection, in tokens. A "
                "client that falls this far behind is cancelled instead of stalling the others."},
@@ -274,6 +281,22 @@ Status apply_config_json(Config& config, ConfigSources& sources, std::string_vie
   return Status::Ok();
 }
 
+std::optional<std::vector<std::int32_t>> parse_core_list(std::string_view text) {
+  std::vector<std::int32_t> cores;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    std::int32_t core = -1;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), core);
+    if (ec != std::errc() || end != item.data() + item.size() || core < 0 || core > 4095) return std::nullopt;
+    cores.push_back(core);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+    if (text.empty()) return std::nullopt;  // trailing comma
+  }
+  return cores;
+}
+
 Status validate_config(const Config& config) {
   if (config.model.empty())
     return make_error("config: model is not set: pass --model PATH (or \"model\" in the config "
@@ -285,6 +308,9 @@ Status validate_config(const Config& config) {
   if (config.grpc_port > 0 && config.grpc_port == config.port)
     return make_error("config: grpc_port = {} is the same as port; give them different ports",
                       config.grpc_port);
+  if (!parse_core_list(config.compute_cores))
+    return make_error("config: compute_cores = \"{}\" is not a comma-separated list of core numbers (e.g. \"0,1\")",
+                      config.compute_cores);
   if (!config.api_key.empty() && !config.api_key_file.empty())
     return make_error("config: api_key and api_key_file are both set; give one of them");
   return Status::Ok();

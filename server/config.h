@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "core/result.h"
 
@@ -36,6 +37,8 @@ struct Config {
   std::int64_t max_queue = 16;
   std::int64_t queue_timeout_ms = 60000;
   std::int64_t prefill_chunk = 32;
+  std::int64_t compute_threads = 1;
+  std::string compute_cores;
   std::int64_t stream_buffer_chunks = 1024;
   std::int64_t max_body_bytes = 8 << 20;
   std::int64_t default_max_tokens = 256;
@@ -101,6 +104,9 @@ Status set_option_from_json(Config& config, const OptionSpec& option, const nloh
 // other unknown key is an error (a typo must not silently fall back to a default).
 Status apply_config_json(Config& config, ConfigSources& sources, std::string_view json_text,
                          std::string_view source);
+
+// "0,2,3" -> {0, 2, 3}; empty -> {}; nullopt when malformed.
+std::optional<std::vector<std::int32_t>> parse_core_list(std::string_view text);
 
 // Checks relations between options that single ranges cannot express, and that
 // a model was given.

@@ -106,6 +106,8 @@ int main(int argc, char** argv) {
   scheduler_options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
   scheduler_options.queue_timeout_ms = config.queue_timeout_ms;
   scheduler_options.routing_metrics = config.routing_metrics;
+  scheduler_options.compute_threads = static_cast<std::int32_t>(config.compute_threads);
+  scheduler_options.compute_cores = parse_core_list(config.compute_cores).value_or(std::vector<std::int32_t>{});
   Scheduler scheduler(*model, scheduler_options, metrics);
   Service service(config, *model, std::move(*chat), scheduler, metrics);
   metrics.add_gauge("colibri_queue_depth", "Generation requests waiting for a session.",
@@ -123,8 +125,9 @@ int main(int argc, char** argv) {
     const colibri::ModelConfig& c = (*model)->config();
     const double kv_bytes = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
                             scheduler.context() * static_cast<double>(config.max_sessions);
-    spdlog::info("{} sessions of {} positions ({:.0f} MiB of KV cache), queue {}", config.max_sessions,
-                 scheduler.context(), kv_bytes / (1 << 20), config.max_queue);
+    spdlog::info("{} sessions of {} positions ({:.0f} MiB of KV cache), queue {}, compute team of {} threads{}",
+                 config.max_sessions, scheduler.context(), kv_bytes / (1 << 20), config.max_queue,
+                 scheduler.compute_threads(), config.compute_cores.empty() ? "" : " pinned to " + config.compute_cores);
   }
 
   GrpcServer grpc(service, loaded);

@@ -36,9 +36,15 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
     : model_(std::move(model)), options_(options), metrics_(metrics) {
   // Every session's KV cache is allocated here, once: admission never
   // allocates a cache and memory use is known at start.
+  const std::int32_t threads =
+      options_.compute_threads > 0 ? options_.compute_threads : ThreadTeam::available_cores();
+  if (threads > 1) {
+    team_ = std::make_unique<ThreadTeam>(threads, options_.compute_cores);
+    for (const std::string& error : team_->pin_errors()) spdlog::warn("compute team: {}", error);
+  }
   pool_.reserve(static_cast<std::size_t>(options_.max_sessions));
   for (std::int32_t i = 0; i < options_.max_sessions; ++i) {
-    pool_.push_back(std::make_unique<Session>(model_, options_.context));
+    pool_.push_back(std::make_unique<Session>(model_, options_.context, team_.get()));
     free_.push_back(pool_.back().get());
   }
   context_ = pool_.front()->max_context();
@@ -117,6 +123,9 @@ void Scheduler::fail_queued(Job& job, Finish finish_reason, ApiError error) {
 }
 
 void Scheduler::run() {
+  // This thread is the team's member 0: it calls every decode.
+  if (team_ && !options_.compute_cores.empty() && !team_->pin_caller())
+    spdlog::warn("compute team: cannot pin the scheduler thread to core {}", options_.compute_cores.front());
   std::vector<Job*> starting;
   for (;;) {
     starting.clear();

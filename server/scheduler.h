@@ -4,6 +4,9 @@
 // leave between steps). Long prompts are prefilled in chunks interleaved with
 // the decode steps of running streams.
 //
+// The compute thread is member 0 of the engine's ThreadTeam, which splits each
+// token's matrix products across cores (optionally pinned).
+//
 // Limits of today's engine: Session::decode() runs one token of one session,
 // so the sessions of a step run one after another and each reads its experts'
 // weights itself; sharing one pass over an expert's weights across the batch
@@ -23,6 +26,7 @@
 #include "metrics.h"
 #include "model/model.h"
 #include "runtime/session.h"
+#include "runtime/thread_team.h"
 #include "stream_channel.h"
 
 namespace colibri::server {
@@ -32,6 +36,8 @@ struct SchedulerOptions {
   std::int32_t max_queue = 16;
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
   std::int32_t prefill_chunk = 32;
+  std::int32_t compute_threads = 1;          // team size; 0 = available cores, 1 = no team
+  std::vector<std::int32_t> compute_cores;   // pin the team here (empty: unpinned)
   std::size_t stream_buffer_chunks = 1024;
   std::int64_t queue_timeout_ms = 60000;  // 0: no limit
   bool routing_metrics = true;
@@ -58,6 +64,7 @@ class Scheduler {
   std::size_t queue_depth() const { return queued_count_.load(std::memory_order_relaxed); }
   std::int32_t context() const { return context_; }
   std::int32_t max_sessions() const { return options_.max_sessions; }
+  std::int32_t compute_threads() const { return team_ ? team_->size() : 1; }
 
  private:
   struct Job;
@@ -77,6 +84,7 @@ class Scheduler {
   SchedulerOptions options_;
   Metrics& metrics_;
   std::int32_t context_ = 0;
+  std::unique_ptr<ThreadTeam> team_;  // shared by all sessions: one decode at a time, on the compute thread
   std::vector<std::unique_ptr<Session>> pool_;
   std::vector<Session*> free_;  // compute thread only
 

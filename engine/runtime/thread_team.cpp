@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -22,6 +23,8 @@ namespace {
 // gaps; a gap this long means the caller is doing something else (sampling,
 // the tokenizer, waiting for input) and sleeping is right.
 constexpr auto kSpinBudget = std::chrono::microseconds(200);
+// How long an idle member sleeps between checks once spinning has not paid off.
+constexpr auto kSleepSlice = std::chrono::microseconds(50);
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -61,7 +64,6 @@ ThreadTeam::ThreadTeam(std::int32_t threads, std::vector<std::int32_t> cores, st
 ThreadTeam::~ThreadTeam() {
   stop_.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
   for (std::thread& worker : workers_) worker.join();
   for (Scratch& s : scratch_) ::operator delete(s.data, std::align_val_t{64});
 }
@@ -132,17 +134,15 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
   ++jobs_;
   claim_.store(static_cast<std::uint64_t>(jobs_) << 32, std::memory_order_release);
   generation_.store(jobs_, std::memory_order_release);
-  generation_.notify_all();  // a system call only when some worker sleeps
 
   work(0);
 
   // Wait for ranges other members claimed and are still running.
-  std::int32_t done = done_.load(std::memory_order_acquire);
-  while (done != n) {
-    if (!spin_until([&] { return (done = done_.load(std::memory_order_acquire)) == n; }))
-      done_.wait(done, std::memory_order_acquire);
-    done = done_.load(std::memory_order_acquire);
-  }
+  // Spin, then poll with short sleeps. std::atomic::wait/notify lost wakeups
+  // here under libstdc++ 12 (a decode loop hung after a few thousand jobs with
+  // both sides asleep), so no side ever blocks without a bound.
+  while (!spin_until([&] { return done_.load(std::memory_order_acquire) == n; }))
+    std::this_thread::sleep_for(kSleepSlice);
 }
 
 void ThreadTeam::work(std::int32_t member) {
@@ -162,7 +162,7 @@ void ThreadTeam::work(std::int32_t member) {
       continue;
     const std::int32_t end = static_cast<std::int32_t>(std::min<std::int64_t>(n, std::int64_t{begin} + chunk));
     fn(context, member, begin, end);
-    if (done_.fetch_add(end - begin, std::memory_order_acq_rel) + (end - begin) == n) done_.notify_one();
+    done_.fetch_add(end - begin, std::memory_order_acq_rel);
     claim = claim_.load(std::memory_order_acquire);
   }
 }
@@ -173,7 +173,7 @@ void ThreadTeam::worker_main(std::int32_t member) {
     std::uint32_t now = generation_.load(std::memory_order_acquire);
     while (now == seen) {
       if (!spin_until([&] { return (now = generation_.load(std::memory_order_acquire)) != seen; }))
-        generation_.wait(seen, std::memory_order_acquire);
+        std::this_thread::sleep_for(kSleepSlice);
       now = generation_.load(std::memory_order_acquire);
     }
     seen = now;

@@ -131,6 +131,17 @@ TEST(ServerConfig, InvalidStartRefusesWithExitCode2) {
   EXPECT_EQ(load({"--model", "m"}).action, CliAction::Run);
 }
 
+TEST(ServerConfig, CoreListsAreChecked) {
+  EXPECT_EQ(parse_core_list(""), std::vector<std::int32_t>{});
+  EXPECT_EQ(parse_core_list("0,2,3"), (std::vector<std::int32_t>{0, 2, 3}));
+  EXPECT_FALSE(parse_core_list("1,,2").has_value());
+  EXPECT_FALSE(parse_core_list("1,").has_value());
+  EXPECT_FALSE(parse_core_list("a").has_value());
+  EXPECT_FALSE(parse_core_list("-1").has_value());
+  EXPECT_EQ(load({"--model", "m", "--compute-cores", "0,x"}).exit_code, 2);
+  EXPECT_EQ(load({"--model", "m", "--compute-cores", "0,1", "--compute-threads", "2"}).action, CliAction::Run);
+}
+
 TEST(ServerConfig, ApiKeyIsNotAFlagAndIsRedacted) {
   EXPECT_EQ(load({"--model", "m", "--api-key", "k"}).exit_code, 2);
   auto outcome = load({"--model", "m"}, {{"COLIBRI_API_KEY", "secret-key"}});
