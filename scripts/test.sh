@@ -7,4 +7,5 @@ bash "$root/scripts/install-deps.sh"
 bash "$root/scripts/build.sh"
 build_dir=${BUILD_DIR:-$root/build}
 cd "$build_dir"
-ctest --output-on-failure -j "${JOBS:-$(nproc)}" "$@"
+# A hung test fails after 10 minutes instead of holding CI to its limit.
+ctest --output-on-failure --timeout 600 -j "${JOBS:-$(nproc)}" "$@"
