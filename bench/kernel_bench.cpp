@@ -1,7 +1,8 @@
 // Matrix-vector kernels per weight format and instruction-set path at decode
 // shapes, in bytes of weights read per second, next to the machine's read
-// bandwidth measured by the same binary in the same run (read_bandwidth.cpp)
-// so that the fraction of the roofline is honest.
+// bandwidth measured by the same binary right before each benchmark
+// (read_bandwidth.cpp; counters read_GBps and of_read_bw), so that the
+// fraction of the roofline is honest even while other load comes and goes.
 //
 // "cold" shapes cycle through copies of the matrix spanning more memory than
 // any cache (COLIBRI_BENCH_POOL_MB, default 1024), as decode reads expert and
@@ -162,11 +163,12 @@ ReadBuffer& read_buffer() {
   return buffer;
 }
 
-// One pass over the buffer split across the team like a matvec's rows.
-std::uint64_t read_pass(std::int32_t threads) {
+// One pass over `bytes` of the buffer (all of it by default) split across
+// the team like a matvec's rows.
+std::uint64_t read_pass(std::int32_t threads, std::size_t bytes = 0) {
   ReadBuffer& buffer = read_buffer();
   std::uint64_t sinks[8] = {};
-  const auto blocks = static_cast<std::int32_t>(buffer.size / kReadBlock);
+  const auto blocks = static_cast<std::int32_t>((bytes != 0 ? std::min(bytes, buffer.size) : buffer.size) / kReadBlock);
   team(threads).parallel_for(blocks, 1, [&](std::int32_t member, std::int32_t begin, std::int32_t end) {
     sinks[member % 8] ^= read_bytes(buffer.bytes.get() + static_cast<std::size_t>(begin) * kReadBlock,
                                     static_cast<std::size_t>(end - begin) * kReadBlock);
@@ -174,17 +176,16 @@ std::uint64_t read_pass(std::int32_t threads) {
   return sinks[0] ^ sinks[1];
 }
 
-// Measured before the benchmarks run: median of 7 passes, bytes per second.
-std::map<std::int32_t, double> g_read_bandwidth;
-
-double measure_read_bandwidth(std::int32_t threads) {
-  read_pass(threads);  // warm-up
+// Bytes per second: median of `passes` passes over `bytes` of the buffer.
+double measure_read_bandwidth(std::int32_t threads, int passes, std::size_t bytes) {
+  bytes = std::min(bytes, read_buffer().size) / kReadBlock * kReadBlock;
+  read_pass(threads, bytes);  // warm-up
   std::vector<double> rates;
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < passes; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(read_pass(threads));
+    benchmark::DoNotOptimize(read_pass(threads, bytes));
     const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-    rates.push_back(static_cast<double>(read_buffer().size) / seconds.count());
+    rates.push_back(static_cast<double>(bytes) / seconds.count());
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
@@ -213,6 +214,9 @@ void BM_Matvec(benchmark::State& state, Variant variant, const Shape* shape, Isa
     xq_ptr = &xq;
   }
   ThreadTeam& t = team(threads);
+  // On a shared machine the bandwidth drifts with other processes' load, so
+  // the roofline is re-measured next to each benchmark (5 passes over 256 MB).
+  const double read_bandwidth = measure_read_bandwidth(threads, 5, 256u << 20);
   std::size_t next = 0;
   for (auto _ : state) {
     const Matrix& m = pool.views[next++ % pool.views.size()];
@@ -224,7 +228,8 @@ void BM_Matvec(benchmark::State& state, Variant variant, const Shape* shape, Isa
   const auto bytes = static_cast<double>(state.iterations()) * static_cast<double>(pool.matrix_bytes);
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
   // bytes / read bandwidth per second of run time = fraction of the roofline.
-  state.counters["of_read_bw"] = benchmark::Counter(bytes / g_read_bandwidth[threads], benchmark::Counter::kIsRate);
+  state.counters["of_read_bw"] = benchmark::Counter(bytes / read_bandwidth, benchmark::Counter::kIsRate);
+  state.counters["read_GBps"] = read_bandwidth / 1e9;
   kernels::force_isa(previous);
 }
 
@@ -268,11 +273,9 @@ void register_benchmarks() {
 int main(int argc, char** argv) {
   using namespace colibri::bench;
   benchmark::Initialize(&argc, argv);
-  for (std::int32_t threads : {1, 2}) {
-    g_read_bandwidth[threads] = measure_read_bandwidth(threads);
+  for (std::int32_t threads : {1, 2})
     std::fprintf(stderr, "read bandwidth, %d thread(s): %.2f GB/s (median of 7 passes over %zu MB)\n", threads,
-                 g_read_bandwidth[threads] / 1e9, read_buffer().size >> 20);
-  }
+                 measure_read_bandwidth(threads, 7, read_buffer().size) / 1e9, read_buffer().size >> 20);
   register_benchmarks();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -146,6 +146,9 @@ void q8_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
     }
     for (int32_t g = 0; g < groups; ++g) {
       const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      if ((g & 15) == 0)  // the scale plane is a stream too: a line per 16 groups
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) prefetch_next_block(scales[r], 4 * static_cast<size_t>(g), 4 * static_cast<size_t>(groups));
       __m256i dot[NR], lo[NR];
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) dot[r] = lo[r] = _mm256_setzero_si256();
@@ -267,6 +270,10 @@ void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
         prefetch_next_block(rows[r], 64 * b, row_bytes);
+        if ((b & 3) == 0) {  // the scale and min planes are streams too: a line per 4 blocks
+          prefetch_next_block(scales[r], 4 * g0, 4 * static_cast<size_t>(groups));
+          prefetch_next_block(w.mins + (static_cast<size_t>(r0) + r) * groups, 4 * g0, 4 * static_cast<size_t>(groups));
+        }
         __m256i dot[2], dot_r[2];
         for (int h = 0; h < 2; ++h) {
           const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + 64 * b + 32 * h));

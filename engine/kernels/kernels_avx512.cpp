@@ -119,6 +119,9 @@ void q8_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
     }
     for (int32_t g = 0; g < groups; ++g) {
       const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      if ((g & 15) == 0)  // the scale plane is a stream too: a line per 16 groups
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) prefetch_next_block(scales[r], 4 * static_cast<size_t>(g), 4 * static_cast<size_t>(groups));
       const __m512i bias = _mm512_set1_epi32(-8 * xq.sums[g]);
       __m512i dot[NR], lo[NR];
 #pragma GCC unroll 4
@@ -257,6 +260,10 @@ void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
         prefetch_next_block(rows[r], 64 * b, row_bytes);
+        if ((b & 3) == 0) {  // the scale and min planes are streams too: a line per 4 blocks
+          prefetch_next_block(scales[r], 4 * g0, 4 * static_cast<size_t>(groups));
+          prefetch_next_block(w.mins + (static_cast<size_t>(r0) + r) * groups, 4 * g0, 4 * static_cast<size_t>(groups));
+        }
         const __m512i packed = _mm512_loadu_si512(rows[r] + 64 * b);
         const __m512i lo = _mm512_and_si512(packed, low4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);

@@ -126,21 +126,31 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
   // counter is touched rarely.
   const std::int32_t units = (n + grain - 1) / grain;
   const std::int32_t per_range = std::max<std::int32_t>(1, units / (size_ * 8));
-  fn_.store(fn, std::memory_order_relaxed);
-  context_.store(context, std::memory_order_relaxed);
-  n_.store(n, std::memory_order_relaxed);
-  chunk_.store(per_range * grain, std::memory_order_relaxed);
-  done_.store(0, std::memory_order_relaxed);
+  // Retire the previous job's claim word before rewriting the job's fields. A
+  // member may still hold the old word, exhausted (index >= old n); without
+  // this it could read the new, larger n, win a compare-exchange against the
+  // unchanged old word and run (and count) a range twice, so done_ would
+  // overshoot n and this thread would wait forever. The retired word's index
+  // is >= any n, and every compare-exchange against older words now fails.
   ++jobs_;
-  claim_.store(static_cast<std::uint64_t>(jobs_) << 32, std::memory_order_release);
+  const std::uint64_t generation = static_cast<std::uint64_t>(jobs_) << 32;
+  claim_.store(generation | 0xffffffffu, std::memory_order_seq_cst);
+  // Release: a member that reads any of these new values also sees the
+  // retirement above, so its compare-exchange on an older word fails.
+  fn_.store(fn, std::memory_order_release);
+  context_.store(context, std::memory_order_release);
+  n_.store(n, std::memory_order_release);
+  chunk_.store(per_range * grain, std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  claim_.store(generation, std::memory_order_release);
   generation_.store(jobs_, std::memory_order_release);
 
   work(0);
 
-  // Wait for ranges other members claimed and are still running.
-  // Spin, then poll with short sleeps. std::atomic::wait/notify lost wakeups
-  // here under libstdc++ 12 (a decode loop hung after a few thousand jobs with
-  // both sides asleep), so no side ever blocks without a bound.
+  // Wait for ranges other members claimed and are still running: spin, then
+  // poll with short sleeps, so no side ever blocks without a bound. (The hang
+  // first blamed on std::atomic::wait was the claim race fixed above: done_
+  // overshot n. With the fix, futex waits pass the same stress test.)
   while (!spin_until([&] { return done_.load(std::memory_order_acquire) == n; }))
     std::this_thread::sleep_for(kSleepSlice);
 }
@@ -148,15 +158,17 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
 void ThreadTeam::work(std::int32_t member) {
   std::uint64_t claim = claim_.load(std::memory_order_acquire);
   for (;;) {
-    const Fn fn = fn_.load(std::memory_order_relaxed);
-    void* const context = context_.load(std::memory_order_relaxed);
-    const std::int32_t n = n_.load(std::memory_order_relaxed);
-    const std::int32_t chunk = chunk_.load(std::memory_order_relaxed);
-    const auto begin = static_cast<std::int32_t>(static_cast<std::uint32_t>(claim));
-    if (begin >= n) return;
-    // Success proves no range was claimed since `claim` was read, so the job
-    // is unfinished and the fields above are its own. begin + chunk < 2^32:
-    // the generation bits are never touched.
+    const Fn fn = fn_.load(std::memory_order_acquire);
+    void* const context = context_.load(std::memory_order_acquire);
+    const std::int32_t n = n_.load(std::memory_order_acquire);
+    const std::int32_t chunk = chunk_.load(std::memory_order_acquire);
+    const auto index = static_cast<std::uint32_t>(claim);
+    if (index >= static_cast<std::uint32_t>(n)) return;  // exhausted, or retired (see run)
+    const auto begin = static_cast<std::int32_t>(index);
+    // Success proves the claim word did not change since it was read: neither
+    // claimed further nor retired, so the fields above belong to its job (run
+    // retires the word before rewriting them). begin + chunk < 2^32: the
+    // generation bits are never touched.
     if (!claim_.compare_exchange_weak(claim, claim + static_cast<std::uint32_t>(chunk), std::memory_order_acq_rel,
                                       std::memory_order_acquire))
       continue;

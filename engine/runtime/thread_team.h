@@ -2,8 +2,8 @@
 // rows. The thread that calls parallel_for is member 0 and works too; members
 // 1..size-1 are worker threads started once and, when cores are given, pinned
 // to them. Between jobs workers spin briefly (a decode step issues jobs every
-// few microseconds) and then sleep on a futex-backed atomic wait, so an idle
-// team costs nothing.
+// few microseconds) and then poll with 50 us sleeps; no side ever blocks
+// without a bound.
 //
 // parallel_for hands out row ranges dynamically from an atomic counter, which
 // keeps both cores busy even when another process takes one of them for a

@@ -58,6 +58,28 @@ TEST(ThreadTeam, ManyShortJobsAndIdleGapsStayCorrect) {
   EXPECT_GT(total, 0);
 }
 
+// Regression: a member still holding an exhausted claim of the previous job
+// could read the next job's larger n and win a compare-exchange against the
+// stale word, running a range twice; the caller then waited forever. Needs
+// jobs of varying size back to back on oversubscribed teams (3 + 2 members on
+// this machine's 2 cores); before the fix this hung within ~30000 jobs a team.
+TEST(ThreadTeam, BackToBackJobsOfVaryingSizeNeverRunARangeTwice) {
+  ThreadTeam one(1), two(2), three(3);
+  ThreadTeam* teams[3] = {&one, &two, &three};
+  std::vector<std::atomic<std::uint32_t>> hits(700);
+  std::uint32_t seed = 1;
+  for (std::uint32_t job = 1; job <= 200000; ++job) {
+    seed = seed * 1103515245u + 12345u;
+    const auto n = static_cast<std::int32_t>(16 + (seed >> 8) % 600);
+    const std::int32_t grain = (seed >> 20) % 2 != 0 ? 16 : 1;
+    teams[job % 3]->parallel_for(n, grain, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
+      for (std::int32_t i = begin; i < end; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    });
+    for (std::int32_t i = 0; i < n; ++i)
+      ASSERT_EQ(hits[static_cast<std::size_t>(i)].exchange(0, std::memory_order_relaxed), 1u) << "job " << job << " row " << i;
+  }
+}
+
 TEST(ThreadTeam, EachMemberHasItsOwnAlignedScratch) {
   ThreadTeam team(3, {}, 100);
   team.reserve_scratch(4096);
