@@ -190,20 +190,58 @@ bool uses_int8_activations(const Matrix& w, const ActivationQ8* xq) {
   return xq != nullptr && is_quantized(w.format) && xq->group == w.group && xq->n == w.cols;
 }
 
+namespace {
+
+ActivationView view_of(const ActivationQ8& xq) {
+  ActivationView view{xq.q.data(), xq.q4.data(), xq.scales.data(), xq.sums.data(), xq.n, xq.group};
+  if (xq.residual) {
+    view.residual_q = xq.residual_q.data();
+    view.residual_q4 = xq.residual_q4.data();
+    view.residual_scales = xq.residual_scales.data();
+    view.residual_sums = xq.residual_sums.data();
+  }
+  return view;
+}
+
+}  // namespace
+
 void matvec(const Matrix& w, const float* x, const ActivationQ8* xq, float* y, std::int32_t row_begin,
             std::int32_t row_end) {
   if (row_begin >= row_end) return;
   if (uses_int8_activations(w, xq)) {
-    ActivationView view{xq->q.data(), xq->q4.data(), xq->scales.data(), xq->sums.data(), xq->n, xq->group};
-    if (xq->residual) {
-      view.residual_q = xq->residual_q.data();
-      view.residual_q4 = xq->residual_q4.data();
-      view.residual_scales = xq->residual_scales.data();
-      view.residual_sums = xq->residual_sums.data();
-    }
+    const ActivationView view = view_of(*xq);
     table().matvec(w, x, &view, y, row_begin, row_end);
   } else {
     table().matvec(w, x, nullptr, y, row_begin, row_end);
+  }
+}
+
+void matmat(const Matrix& w, std::int32_t n, const float* const* x, const ActivationQ8* const* xq,
+            float* const* y, std::int32_t row_begin, std::int32_t row_end) {
+  if (row_begin >= row_end || n <= 0) return;
+  const KernelTable& t = table();
+  for (std::int32_t first = 0; first < n; first += kMatmatChunk) {
+    const std::int32_t count = std::min(kMatmatChunk, n - first);
+    // A chunk goes to the path's matmat when every vector takes the same kind
+    // of activation (all int8 or all f32); otherwise each vector alone.
+    bool all_int8 = xq != nullptr, any_int8 = false;
+    ActivationView views[kMatmatChunk];
+    const ActivationView* view_ptrs[kMatmatChunk];
+    for (std::int32_t v = 0; v < count; ++v) {
+      const bool int8 = xq != nullptr && uses_int8_activations(w, xq[first + v]);
+      all_int8 = all_int8 && int8;
+      any_int8 = any_int8 || int8;
+      if (int8) views[v] = view_of(*xq[first + v]);
+      view_ptrs[v] = &views[v];
+    }
+    if (t.matmat != nullptr && (all_int8 || !any_int8)) {
+      t.matmat(w, count, x + first, all_int8 ? view_ptrs : nullptr, y + first, row_begin, row_end);
+      continue;
+    }
+    for (std::int32_t v = 0; v < count; ++v) {
+      const bool int8 = xq != nullptr && uses_int8_activations(w, xq[first + v]);
+      t.matvec(w, x[first + v], int8 ? &views[v] : nullptr, y[first + v], row_begin, row_end);
+    }
   }
 }
 

@@ -42,6 +42,11 @@ struct KernelTable {
   // xq is null unless w is Q8/Q4 with xq->group == w.group.
   void (*matvec)(const Matrix& w, const float* x, const ActivationView* xq, float* y,
                  std::int32_t row_begin, std::int32_t row_end);
+  // Several vectors through one matrix, reading each weight row once for all
+  // of them (kernels.h matmat). xq is null, or n views each usable with w as
+  // for matvec. Null in a path's table: dispatch runs matvec per vector.
+  void (*matmat)(const Matrix& w, std::int32_t n, const float* const* x, const ActivationView* const* xq,
+                 float* const* y, std::int32_t row_begin, std::int32_t row_end);
   float (*dot)(const float* a, const float* b, std::int32_t n);
   void (*rmsnorm)(const float* x, const float* weight, std::int32_t n, float eps, float* out);
   void (*softmax)(float* x, std::int32_t n);

@@ -71,6 +71,18 @@ inline void matvec(const Matrix& w, const float* x, const ActivationQ8* xq, floa
   matvec(w, x, xq, y, 0, w.rows);
 }
 
+// The product of one matrix with n vectors, for prefill and batched decode:
+// y[v][r] = sum_c w[r, c] * x[v][c] for v in [0, n), r in [row_begin, row_end).
+// Each weight row is read once for all n vectors, and every y[v][r] is
+// bit-identical to what matvec(w, x[v], xq[v], y[v], ...) writes, so a token's
+// logits do not depend on what it was batched with. xq (may be null) holds n
+// pointers, used per vector as uses_int8_activations says; the vectors of one
+// call should all use int8 activations or all not (mixing is correct, slower).
+// n may be any size; up to kMatmatChunk vectors go through the weights together.
+inline constexpr std::int32_t kMatmatChunk = 64;
+void matmat(const Matrix& w, std::int32_t n, const float* const* x, const ActivationQ8* const* xq,
+            float* const* y, std::int32_t row_begin, std::int32_t row_end);
+
 float dot(const float* a, const float* b, std::int32_t n);
 // out = x / rms(x) * weight; out may alias x.
 void rmsnorm(const float* x, const float* weight, std::int32_t n, float eps, float* out);
