@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <unordered_map>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -416,14 +417,182 @@ ordered_json byte_level() {
 
 }  // namespace
 
+namespace {
+
+// tokenizer_config.json: special tokens by text, and whether to add BOS/EOS.
+Result<ordered_json> tokenizer_config(const Gguf& g, const std::vector<std::string_view>& tokens,
+                                      const ordered_json& added_decoder, bool add_bos_default) {
+  ordered_json cfg;
+  auto flag = [&](std::string_view key, bool fallback) -> Result<bool> {
+    if (!g.has(key)) return fallback;
+    return g.get_bool(key);
+  };
+  auto add_bos = flag("tokenizer.ggml.add_bos_token", add_bos_default);
+  if (!add_bos) return add_bos.error();
+  auto add_eos = flag("tokenizer.ggml.add_eos_token", false);
+  if (!add_eos) return add_eos.error();
+  cfg["add_bos_token"] = *add_bos;
+  cfg["add_eos_token"] = *add_eos;
+  cfg["added_tokens_decoder"] = added_decoder;
+  for (std::string_view which : {"bos", "eos"}) {
+    std::string key = fmt::format("tokenizer.ggml.{}_token_id", which);
+    std::string field = fmt::format("{}_token", which);
+    cfg[field] = nullptr;
+    if (!g.has(key)) continue;
+    auto id = g.get_u32(key);
+    if (!id) return id.error();
+    if (*id >= tokens.size())
+      return make_error("{}: {} = {} is outside the {}-token vocabulary", g.source(), key, *id, tokens.size());
+    cfg[field] = std::string(tokens[*id]);
+  }
+  if (*add_bos && cfg["bos_token"].is_null())
+    return make_error("{}: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", g.source());
+  if (g.has("tokenizer.chat_template")) {
+    auto chat_template = g.get_string("tokenizer.chat_template");
+    if (!chat_template) return chat_template.error();
+    cfg["chat_template"] = std::string(*chat_template);
+  }
+  cfg["clean_up_tokenization_spaces"] = false;
+  return cfg;
+}
+
+Result<std::vector<std::int64_t>> token_types(const Gguf& g, std::size_t n_tokens) {
+  std::vector<std::int64_t> types(n_tokens, kNormal);
+  if (!g.has("tokenizer.ggml.token_type")) return types;
+  auto stored = g.get_int_array("tokenizer.ggml.token_type");
+  if (!stored) return stored.error();
+  if (stored->size() != n_tokens)
+    return make_error("{}: tokenizer.ggml.token_type has {} entries for {} tokens", g.source(), stored->size(),
+                      n_tokens);
+  return std::move(stored).value();
+}
+
+ordered_json added_token(std::size_t id, const std::string& text, bool special) {
+  return {{"id", id},        {"content", text}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", !special}, {"special", special}};
+}
+
+// A SentencePiece BPE vocabulary ("llama": Llama, Mistral, Mixtral) as the
+// Hugging Face tokenizer.json that transformers' LlamaConverter writes for it.
+// The GGUF has pieces and scores but no merges; merges are rebuilt the way
+// transformers' SentencePieceExtractor does: every split of a piece into two
+// pieces of the vocabulary, ordered by the merged piece's score (best first),
+// ties in vocabulary order, a piece's own splits by the ids of their halves.
+// Applying them in that order is SentencePiece's own rule (merge the adjacent
+// pair whose union scores best).
+Result<GgufTokenizerJson> spm_tokenizer_json(const Gguf& g) {
+  auto tokens = g.get_string_array("tokenizer.ggml.tokens");
+  if (!tokens) return tokens.error();
+  auto scores = g.get_float_array("tokenizer.ggml.scores");
+  if (!scores) return scores.error();
+  if (scores->size() != tokens->size())
+    return make_error("{}: tokenizer.ggml.scores has {} entries for {} tokens", g.source(), scores->size(),
+                      tokens->size());
+  auto types = token_types(g, tokens->size());
+  if (!types) return types.error();
+  bool add_space_prefix = true;
+  if (g.has("tokenizer.ggml.add_space_prefix")) {
+    auto value = g.get_bool("tokenizer.ggml.add_space_prefix");
+    if (!value) return value.error();
+    add_space_prefix = *value;
+  }
+
+  ordered_json vocab = ordered_json::object();
+  ordered_json added = ordered_json::array();
+  ordered_json added_decoder = ordered_json::object();
+  std::unordered_map<std::string_view, std::int64_t> ids;
+  std::string unk_token;
+  for (std::size_t id = 0; id < tokens->size(); ++id) {
+    const std::int64_t type = (*types)[id];
+    if (type == kUnused) continue;
+    const std::string text((*tokens)[id]);
+    if (type == kUnknown && unk_token.empty()) unk_token = text;
+    // Unknown and control pieces are special added tokens (as <unk>, <s>,
+    // </s> are in Llama's tokenizer.json); they stay in the vocabulary too.
+    if (type == kControl || type == kUnknown || type == kUserDefined) {
+      const bool special = type != kUserDefined;
+      ordered_json token = added_token(id, text, special);
+      added_decoder[std::to_string(id)] = token;
+      added_decoder[std::to_string(id)].erase("id");
+      added.push_back(std::move(token));
+    }
+    if (!vocab.contains(text)) {
+      vocab[text] = id;
+      ids.emplace((*tokens)[id], static_cast<std::int64_t>(id));
+    }
+  }
+
+  struct Merge {
+    float score;
+    std::int64_t merged, left, right;
+    std::uint32_t split;  // bytes in the left half
+  };
+  std::vector<Merge> merges;
+  for (const auto& [piece, id] : ids) {
+    const auto type = (*types)[static_cast<std::size_t>(id)];
+    if (type != kNormal && type != kUserDefined) continue;
+    for (std::size_t split = 1; split < piece.size(); ++split) {
+      auto left = ids.find(piece.substr(0, split));
+      if (left == ids.end()) continue;
+      auto right = ids.find(piece.substr(split));
+      if (right == ids.end()) continue;
+      merges.push_back({(*scores)[static_cast<std::size_t>(id)], id, left->second, right->second,
+                        static_cast<std::uint32_t>(split)});
+    }
+  }
+  std::sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.merged != b.merged) return a.merged < b.merged;
+    if (a.left != b.left) return a.left < b.left;
+    return a.right < b.right;
+  });
+  ordered_json merge_list = ordered_json::array();
+  for (const Merge& m : merges) {
+    const std::string_view piece = (*tokens)[static_cast<std::size_t>(m.merged)];
+    merge_list.push_back({std::string(piece.substr(0, m.split)), std::string(piece.substr(m.split))});
+  }
+
+  ordered_json normalizers = ordered_json::array();
+  if (add_space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
+  ordered_json decoders = ordered_json::array();
+  decoders.push_back({{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}});
+  decoders.push_back({{"type", "ByteFallback"}});
+  decoders.push_back({{"type", "Fuse"}});
+  if (add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+
+  ordered_json tok;
+  tok["version"] = "1.0";
+  tok["truncation"] = nullptr;
+  tok["padding"] = nullptr;
+  tok["added_tokens"] = added;
+  tok["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
+  tok["pre_tokenizer"] = nullptr;
+  tok["post_processor"] = nullptr;
+  tok["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+  tok["model"] = {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", unk_token.empty() ? ordered_json(nullptr) : ordered_json(unk_token)},
+                  {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr},
+                  {"fuse_unk", true},
+                  {"byte_fallback", true},
+                  {"vocab", vocab},
+                  {"merges", merge_list}};
+  // SentencePiece models add BOS unless told otherwise (llama.cpp's default).
+  auto cfg = tokenizer_config(g, *tokens, added_decoder, true);
+  if (!cfg) return cfg.error();
+  return GgufTokenizerJson{tok.dump(1), cfg->dump(2)};
+}
+
+}  // namespace
+
 Result<GgufTokenizerJson> gguf_hf_tokenizer_json(const Gguf& g) {
   auto model = g.get_string("tokenizer.ggml.model");
   if (!model) return model.error();
-  if (*model == "llama")
-    return make_error("{}: SentencePiece ('llama') GGUF vocabularies are not supported yet; use the Hugging "
-                      "Face directory of this model instead", g.source());
+  if (*model == "llama") return spm_tokenizer_json(g);
   if (*model != "gpt2")
-    return make_error("{}: tokenizer.ggml.model '{}' is not supported (supported: gpt2)", g.source(), *model);
+    return make_error("{}: tokenizer.ggml.model '{}' is not supported (supported: gpt2, llama)", g.source(), *model);
 
   std::string_view pre = "default";
   if (g.has("tokenizer.ggml.pre")) {
@@ -442,15 +611,9 @@ Result<GgufTokenizerJson> gguf_hf_tokenizer_json(const Gguf& g) {
   if (!tokens) return tokens.error();
   auto merges = g.get_string_array("tokenizer.ggml.merges");
   if (!merges) return merges.error();
-  std::vector<std::int64_t> types(tokens->size(), kNormal);
-  if (g.has("tokenizer.ggml.token_type")) {
-    auto stored = g.get_int_array("tokenizer.ggml.token_type");
-    if (!stored) return stored.error();
-    if (stored->size() != tokens->size())
-      return make_error("{}: tokenizer.ggml.token_type has {} entries for {} tokens", g.source(), stored->size(),
-                        tokens->size());
-    types = std::move(stored).value();
-  }
+  auto stored_types = token_types(g, tokens->size());
+  if (!stored_types) return stored_types.error();
+  const std::vector<std::int64_t>& types = *stored_types;
 
   // Normal tokens form the BPE vocabulary; control and user-defined tokens are
   // HF "added tokens" (matched in the raw text before BPE), special when
@@ -516,39 +679,9 @@ Result<GgufTokenizerJson> gguf_hf_tokenizer_json(const Gguf& g) {
                   {"vocab", vocab},
                   {"merges", merge_list}};
 
-  // tokenizer_config.json: special tokens by text, and whether to add BOS/EOS.
-  ordered_json cfg;
-  auto flag = [&](std::string_view key, bool fallback) -> Result<bool> {
-    if (!g.has(key)) return fallback;
-    return g.get_bool(key);
-  };
-  auto add_bos = flag("tokenizer.ggml.add_bos_token", false);
-  if (!add_bos) return add_bos.error();
-  auto add_eos = flag("tokenizer.ggml.add_eos_token", false);
-  if (!add_eos) return add_eos.error();
-  cfg["add_bos_token"] = *add_bos;
-  cfg["add_eos_token"] = *add_eos;
-  cfg["added_tokens_decoder"] = added_decoder;
-  for (std::string_view which : {"bos", "eos"}) {
-    std::string key = fmt::format("tokenizer.ggml.{}_token_id", which);
-    std::string field = fmt::format("{}_token", which);
-    cfg[field] = nullptr;
-    if (!g.has(key)) continue;
-    auto id = g.get_u32(key);
-    if (!id) return id.error();
-    if (*id >= tokens->size())
-      return make_error("{}: {} = {} is outside the {}-token vocabulary", g.source(), key, *id, tokens->size());
-    cfg[field] = std::string((*tokens)[*id]);
-  }
-  if (*add_bos && cfg["bos_token"].is_null())
-    return make_error("{}: tokenizer.ggml.add_bos_token is set but there is no bos_token_id", g.source());
-  if (g.has("tokenizer.chat_template")) {
-    auto chat_template = g.get_string("tokenizer.chat_template");
-    if (!chat_template) return chat_template.error();
-    cfg["chat_template"] = std::string(*chat_template);
-  }
-  cfg["clean_up_tokenization_spaces"] = false;
-  return GgufTokenizerJson{tok.dump(1), cfg.dump(2)};
+  auto cfg = tokenizer_config(g, *tokens, added_decoder, false);
+  if (!cfg) return cfg.error();
+  return GgufTokenizerJson{tok.dump(1), cfg->dump(2)};
 }
 
 // ---- Factory -------------------------------------------------------------------------

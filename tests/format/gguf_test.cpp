@@ -615,16 +615,82 @@ TEST(GgufMalformed, RandomCorruptionOfAFixtureHeaderFailsCleanly) {
 
 // ---- Model-level synthesis errors ------------------------------------------------------
 
-TEST(GgufSynthesis, SentencePieceVocabularyIsNotSupportedYet) {
+// Llama 2's SentencePiece vocabulary as a GGUF holds it (pieces, scores,
+// types; no merges), rebuilt from the Hugging Face tokenizer.json in
+// tests/data: scores -id for normal pieces and -1e9 for the runs of U+2581
+// that Llama's tokenizer.model appends (these scores regenerate that file's
+// 58980 merges exactly, in order), 0 for control and byte pieces. Encoding
+// through the GGUF path must give Hugging Face's ids for every string.
+TEST(GgufSynthesis, SentencePieceVocabularyMatchesHuggingFace) {
+  const auto dir = std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "tokenizers" / "llama2";
+  std::ifstream in(dir / "tokenizer.json");
+  const auto hf = nlohmann::json::parse(in);
+  std::vector<std::string> tokens(hf["model"]["vocab"].size());
+  for (const auto& [text, id] : hf["model"]["vocab"].items()) tokens.at(id.get<std::size_t>()) = text;
+  std::vector<float> scores(tokens.size());
+  std::vector<std::int32_t> types(tokens.size(), 1);
+  for (std::size_t id = 0; id < tokens.size(); ++id) {
+    const std::string& t = tokens[id];
+    const bool byte = t.size() == 6 && t.rfind("<0x", 0) == 0 && t.back() == '>';
+    bool spaces = t.size() >= 6;  // two or more U+2581 (3 bytes each)
+    for (std::size_t i = 0; spaces && i < t.size(); i += 3) spaces = t.compare(i, 3, "\xE2\x96\x81") == 0;
+    types[id] = id == 0 ? 2 : id <= 2 ? 3 : byte ? 6 : 1;
+    scores[id] = types[id] != 1 ? 0.0f : spaces ? -1e9f : -static_cast<float>(id);
+  }
   GgufBuilder b;
   b.kv_string("tokenizer.ggml.model", "llama");
+  b.kv_strings("tokenizer.ggml.tokens", tokens);
+  b.kv_f32s("tokenizer.ggml.scores", scores);
+  b.kv_i32s("tokenizer.ggml.token_type", types);
+  b.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+  b.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  b.kv_u32("tokenizer.ggml.eos_token_id", 2);
+  auto bytes = b.build();
+  auto g = parse_gguf(bytes, "llama2-vocab.gguf");
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  auto texts = gguf_hf_tokenizer_json(*g);
+  ASSERT_TRUE(texts.ok()) << texts.error().message;
+  auto tok = Tokenizer::from_json(texts->tokenizer_json, texts->tokenizer_config_json, "llama2-vocab.gguf");
+  ASSERT_TRUE(tok.ok()) << tok.error().message;
+  EXPECT_TRUE(tok->add_bos());  // SentencePiece default when the key is absent
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+
+  std::ifstream expectations_file(dir / "expectations.json");
+  const auto expectations = nlohmann::json::parse(expectations_file);
+  int compared = 0;
+  for (const auto& c : expectations["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    for (const auto& [field, options] : {std::pair{"ids", EncodeOptions{.add_special_tokens = true}},
+                                         std::pair{"ids_no_bos", EncodeOptions{.add_special_tokens = false}}}) {
+      auto ids = tok->encode(text, options);
+      ASSERT_TRUE(ids.ok()) << ids.error().message;
+      EXPECT_EQ(*ids, c[field].get<std::vector<std::int32_t>>()) << field << " of " << c["text"].dump();
+      ++compared;
+    }
+    // Hugging Face's decode of the plain ids (not always the input: "a\u2581b" decodes to "a b").
+    const std::string hex = c["decoded_plain_hex"].get<std::string>();
+    std::string expected_text;
+    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+      expected_text += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+    auto decoded = tok->decode(c["ids_no_bos"].get<std::vector<std::int32_t>>(), false);
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_EQ(*decoded, expected_text) << c["text"].dump();
+  }
+  EXPECT_GE(compared, 600);
+}
+
+TEST(GgufSynthesis, SentencePieceScoresMustMatchTokens) {
+  GgufBuilder b;
+  b.kv_string("tokenizer.ggml.model", "llama");
+  b.kv_strings("tokenizer.ggml.tokens", {"<unk>", "a"});
+  b.kv_f32s("tokenizer.ggml.scores", {0.0f});
   auto bytes = b.build();
   auto g = parse_gguf(bytes, "spm.gguf");
   ASSERT_TRUE(g.ok());
   auto texts = gguf_hf_tokenizer_json(*g);
   ASSERT_FALSE(texts.ok());
-  EXPECT_NE(texts.error().message.find("spm.gguf: SentencePiece ('llama') GGUF vocabularies are not supported yet"),
-            std::string::npos)
+  EXPECT_NE(texts.error().message.find("tokenizer.ggml.scores has 1 entries for 2 tokens"), std::string::npos)
       << texts.error().message;
 }
 
