@@ -11,20 +11,34 @@
 // Session does. int8-activation variants quantize x once outside the loop, as
 // Session does once per input vector for all matrices that read it.
 //
+// matmat/ benchmarks (prefill and batched decode) multiply one cache-resident
+// matrix (one copy: a 128-token prefill reuses each weight row 128 times, so
+// compute, not DRAM, bounds it) with n vectors on one thread, in multiply-adds
+// per CPU second of that thread (counter GMACps), next to matvec run n times
+// (matvec_x_n/) and, on CPUs with AVX-512 VNNI, the measured vpdpbusd peak of
+// one core (vnni_peak; counter of_vnni_peak).
+//
 //   cmake --build build --target colibri-kernel-bench
 //   build/bench/colibri-kernel-bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//   build/bench/colibri-kernel-bench --benchmark_filter='vnni|mat(mat|vec_x_n)/'
 #include <benchmark/benchmark.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <new>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
@@ -233,6 +247,139 @@ void BM_Matvec(benchmark::State& state, Variant variant, const Shape* shape, Isa
   kernels::force_isa(previous);
 }
 
+// ---- matrix x n vectors (prefill, batched decode) ----------------------------------
+
+struct MatmatShape {
+  const char* name;
+  std::int32_t rows, cols;
+};
+constexpr MatmatShape kMatmatShapes[] = {{"2048x2048", 2048, 2048}, {"1024x2048", 1024, 2048}};
+constexpr Variant kMatmatVariants[] = {
+    {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
+    {WeightFormat::Q4, true, false, "q4g32_int8act"}, {WeightFormat::Q4, true, true, "q4g32_int8x2act"},
+    {WeightFormat::F32, false, false, "f32"},
+};
+
+#if defined(__x86_64__)
+// 24 independent vpdpbusd chains on registers: what one core can issue (12
+// chains are still bound by the instruction's latency on Zen 5).
+constexpr int kVnniChains = 24;
+__attribute__((target("avx512f,avx512vnni"))) std::int64_t vnni_loop(std::int64_t iterations) {
+  __m512i acc[kVnniChains];
+  for (auto& a : acc) a = _mm512_setzero_si512();
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (std::int64_t i = 0; i < iterations; ++i)
+    for (auto& v : acc) {
+      v = _mm512_dpbusd_epi32(v, a, b);
+      asm volatile("" : "+v"(v));  // keep every chain
+    }
+  __m512i sum = acc[0];
+  for (int k = 1; k < kVnniChains; ++k) sum = _mm512_add_epi32(sum, acc[k]);
+  alignas(64) std::int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  std::int64_t total = 0;
+  for (std::int32_t lane : lanes) total += lane;
+  return total;
+}
+#endif
+
+// CPU time of the calling thread: on a shared machine, what it actually ran.
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Multiply-adds per second of one core at the vpdpbusd peak (thread CPU
+// time, so other processes' load does not count); 0 without VNNI.
+double vnni_peak_macs() {
+#if defined(__x86_64__)
+  if (!kernels::isa_supported(Isa::Avx512)) return 0.0;
+  static const double peak = [] {
+    std::vector<double> rates;
+    for (int pass = 0; pass < 7; ++pass) {
+      const std::int64_t iterations = 1'000'000;
+      const double start = thread_seconds();
+      benchmark::DoNotOptimize(vnni_loop(iterations));
+      rates.push_back(static_cast<double>(iterations) * kVnniChains * 64 / (thread_seconds() - start));
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates.back();  // the least disturbed pass
+  }();
+  return peak;
+#else
+  return 0.0;
+#endif
+}
+
+void BM_VnniPeak(benchmark::State& state) {
+  const double peak = vnni_peak_macs();
+  if (peak == 0.0) {
+    state.SkipWithError("no AVX-512 VNNI here");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(peak);
+  state.counters["GMACps"] = peak / 1e9;
+}
+
+// matmat of one matrix with n vectors, or (use_matmat false) matvec n times.
+void BM_Matmat(benchmark::State& state, Variant variant, const MatmatShape* shape, Isa isa, std::int32_t n,
+               bool use_matmat) {
+  const Isa previous = kernels::active_isa();
+  if (!kernels::force_isa(isa)) {
+    state.SkipWithError("path not supported here");
+    return;
+  }
+  const std::int32_t group = variant.format == WeightFormat::Q8 ? 64 : variant.format == WeightFormat::Q4 ? 32 : 0;
+  const WeightLayout layout = *weight_layout(variant.format, static_cast<std::uint64_t>(shape->rows),
+                                             static_cast<std::uint64_t>(shape->cols), static_cast<std::uint32_t>(group));
+  AlignedBytes bytes = allocate(align_up(layout.total_bytes, 4096));
+  {
+    std::vector<float> values(static_cast<std::size_t>(shape->rows) * shape->cols);
+    std::uint32_t state_bits = 777;
+    for (float& v : values) {
+      state_bits = state_bits * 1664525u + 1013904223u;
+      v = (static_cast<float>(state_bits >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    quantize_weights(variant.format, shape->rows, shape->cols, group, values.data(),
+                     reinterpret_cast<std::uint8_t*>(bytes.get()));
+  }
+  const Matrix m = matrix_view(variant.format, shape->rows, shape->cols, group,
+                               reinterpret_cast<const std::uint8_t*>(bytes.get()));
+  std::vector<std::vector<float>> xs(static_cast<std::size_t>(n)), ys(static_cast<std::size_t>(n));
+  std::vector<kernels::ActivationQ8> xqs(static_cast<std::size_t>(n));
+  std::vector<const float*> x_ptrs;
+  std::vector<const kernels::ActivationQ8*> xq_ptrs;
+  std::vector<float*> y_ptrs;
+  for (std::int32_t v = 0; v < n; ++v) {
+    auto& x = xs[static_cast<std::size_t>(v)];
+    x.resize(static_cast<std::size_t>(shape->cols));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919 + 31 * v) % 1000) / 500.0f - 1.0f;
+    if (variant.int8_activations)
+      kernels::quantize_activation(x.data(), shape->cols, group, xqs[static_cast<std::size_t>(v)], variant.residual);
+    ys[static_cast<std::size_t>(v)].resize(static_cast<std::size_t>(shape->rows));
+    x_ptrs.push_back(x.data());
+    xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
+    y_ptrs.push_back(ys[static_cast<std::size_t>(v)].data());
+  }
+  const kernels::ActivationQ8* const* xq = variant.int8_activations ? xq_ptrs.data() : nullptr;
+  for (auto _ : state) {
+    if (use_matmat) {
+      kernels::matmat(m, n, x_ptrs.data(), xq, y_ptrs.data(), 0, m.rows);
+    } else {
+      for (std::int32_t v = 0; v < n; ++v)
+        kernels::matvec(m, x_ptrs[static_cast<std::size_t>(v)], xq != nullptr ? xq[v] : nullptr,
+                        y_ptrs[static_cast<std::size_t>(v)], 0, m.rows);
+    }
+    benchmark::ClobberMemory();
+  }
+  const double macs = static_cast<double>(state.iterations()) * shape->rows * static_cast<double>(shape->cols) * n;
+  state.counters["GMACps"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsRate);
+  if (const double peak = vnni_peak_macs(); peak > 0.0)
+    state.counters["of_vnni_peak"] = benchmark::Counter(macs / peak, benchmark::Counter::kIsRate);
+  kernels::force_isa(previous);
+}
+
 void BM_QuantizeActivation(benchmark::State& state, bool residual) {
   std::vector<float> x(2048);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
@@ -249,6 +396,20 @@ void register_benchmarks() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("quantize_activation/2048", BM_QuantizeActivation, false);
+  benchmark::RegisterBenchmark("vnni_peak/threads:1", BM_VnniPeak)->Iterations(1);
+  for (const MatmatShape& shape : kMatmatShapes)
+    for (const Variant& variant : kMatmatVariants)
+      for (Isa isa : kernels::supported_isas())
+        for (std::int32_t n : {1, 4, 8, 16, 32, 64})
+          for (bool use_matmat : {true, false}) {
+            const std::string name = std::string(use_matmat ? "matmat/" : "matvec_x_n/") + variant.name + "/" +
+                                     shape.name + "/" + std::string(kernels::isa_name(isa)) + "/n:" + std::to_string(n);
+            // One thread: rates are per CPU second (the default), which other
+            // processes' load on a shared machine does not dilute.
+            benchmark::RegisterBenchmark(name.c_str(), BM_Matmat, variant, &shape, isa, n, use_matmat)
+                ->MinTime(0.1)
+                ->Unit(benchmark::kMicrosecond);
+          }
   benchmark::RegisterBenchmark("quantize_activation/2048/residual", BM_QuantizeActivation, true);
   // Grouped by (format, shape) so each pool of copies is built once.
   for (WeightFormat format : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4})

@@ -12,11 +12,17 @@ packages=(
   # clang's libFuzzer (tests/scripts/fuzz_colibri_parser.sh); libclang-rt-dev pulls
   # the runtime matching the default clang (libclang-rt-14-dev on Debian 12).
   clang libclang-rt-dev
+  # The aarch64 kernels cross-compiled and run under emulation (tests/scripts/neon_qemu.sh).
+  g++-aarch64-linux-gnu qemu-user
   # The Python binding's tests (tests/scripts/python_binding.sh); run with /usr/bin/python3.
   python3-numpy python3-pytest
   # colibri-server's gRPC API: protoc + grpc_cpp_plugin generate code from
   # proto/colibri.proto at build time.
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # Operations tests: systemd-analyze verify on systemd/*.service
+  # (tests/scripts/systemd_units.sh); Debian's nginx in front of two instances,
+  # driven with curl and pinned with taskset (tests/scripts/deploy_nginx.sh).
+  systemd nginx curl util-linux
 )
 
 missing=()

@@ -411,6 +411,417 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
   scalar_kernel_table()->matvec(w, x, xq, y, row_begin, row_end);
 }
 
+// ---- matrix x several vectors (matmat) ------------------------------------------------
+//
+// Each kernel mirrors the matvec above it with a second tile dimension: NR
+// rows x NV vectors, a row's weights loaded (and sign-split or converted)
+// once per chunk for all NV vectors. Every (row, vector) pair keeps its own
+// accumulator and runs exactly matvec's instruction sequence for that row,
+// so each result is bit-identical to matvec's. With 16 registers the tile is
+// 4 rows x 2 vectors. Row blocks are the outer loop, so a block's weights
+// stay in L1 while every vector tile goes through them; only the first tile
+// prefetches the next block.
+constexpr int kVectorTile = 2;
+
+template <int NR, int NV, class Kernel>
+void vector_rest(const Kernel& kernel, int32_t r0, int32_t v0, int32_t rest) {
+  if constexpr (NV > 1) {
+    if (rest == NV - 1) return kernel.template operator()<NR, NV - 1>(r0, v0);
+    vector_rest<NR, NV - 1>(kernel, r0, v0, rest);
+  }
+}
+
+template <class Kernel>
+void for_tiles(int32_t begin, int32_t end, int32_t n, const Kernel& kernel) {
+  auto row_block = [&]<int NR>(int32_t r0) {
+    int32_t v = 0;
+    for (; v + kVectorTile <= n; v += kVectorTile) kernel.template operator()<NR, kVectorTile>(r0, v);
+    if (v < n) vector_rest<NR, kVectorTile>(kernel, r0, v, n - v);
+  };
+  int32_t r = begin;
+  for (; r + kRowBlock <= end; r += kRowBlock) row_block.template operator()<kRowBlock>(r);
+  for (; r < end; ++r) row_block.template operator()<1>(r);
+}
+
+template <WeightFormat F>
+void float_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                  int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t element = F == WeightFormat::F32 ? 4 : 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const bool prefetch = v0 == 0;
+    const void* rows[NR];
+    __m256 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols * element;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    }
+    for (size_t c = 0; c < cols; c += 8) {
+      const size_t len = min_size(8, cols - c);
+      __m256 xv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) xv[v] = len == 8 ? _mm256_loadu_ps(x[v0 + v] + c) : _mm256_maskload_ps(x[v0 + v] + c, mask8(len));
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        if (prefetch && c % 16 == 0) prefetch_next_block(rows[r], c * element, cols * element);
+        const __m256 wv = load_weights8<F>(rows[r], c, len);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(wv, xv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = hsum(acc[r][v]);
+  });
+}
+
+// Rows one at a time within a group, NV running dot products each; |w| is
+// taken once per chunk for all vectors.
+template <bool Residual>
+void q8_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                    int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const bool prefetch = v0 == 0;
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    const ActivationView* xs[NV];
+    __m256 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) xs[v] = xq[v0 + v];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      if (prefetch && (g & 15) == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) prefetch_next_block(scales[r], 4 * static_cast<size_t>(g), 4 * static_cast<size_t>(groups));
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m256i dot[NV], lo[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) dot[v] = lo[v] = _mm256_setzero_si256();
+        for (size_t c = begin; c < end; c += 32) {
+          const size_t len = min_size(32, end - c);
+          if (prefetch) prefetch_next_block(rows[r], c, cols);
+          const __m256i wv = len == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + c))
+                                       : load_bytes_partial(rows[r] + c, len);
+          const __m256i magnitude = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            const __m256i xv = len == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[v]->q + c))
+                                         : load_bytes_partial(xs[v]->q + c, len);
+            dot[v] = _mm256_add_epi32(dot[v], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xv, wv)), ones));
+            if constexpr (Residual) {
+              const __m256i xl = len == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[v]->residual_q + c))
+                                           : load_bytes_partial(xs[v]->residual_q + c, len);
+              lo[v] = _mm256_add_epi32(lo[v], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xl, wv)), ones));
+            }
+          }
+        }
+        const float w_scale = scales[r][g];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[v]), _mm256_set1_ps(w_scale * xs[v]->scales[g]), acc[r][v]);
+          if constexpr (Residual)
+            acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[v]), _mm256_set1_ps(w_scale * xs[v]->residual_scales[g]),
+                                        acc[r][v]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = hsum(acc[r][v]);
+  });
+}
+
+void q8_f32_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                   int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    __m256 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m256 partial[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) partial[v] = _mm256_setzero_ps();
+        for (size_t c = begin; c < end; c += 8) {
+          const size_t len = min_size(8, end - c);
+          std::int64_t bytes = 0;
+          std::memcpy(&bytes, rows[r] + c, len);
+          const __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)));
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            const __m256 xv = len == 8 ? _mm256_loadu_ps(x[v0 + v] + c) : _mm256_maskload_ps(x[v0 + v] + c, mask8(len));
+            partial[v] = _mm256_fmadd_ps(wv, xv, partial[v]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(partial[v], _mm256_set1_ps(scales[r][g]), acc[r][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = hsum(acc[r][v]);
+  });
+}
+
+// Per block the nibbles of a row are split once for all vectors.
+template <bool Residual>
+void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                    int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const size_t blocks = cols / 128;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const size_t per_block = group >= 128 ? 1 : 128 / group;
+  const __m128i scale_mask = _mm_castps_si128(_mm256_castps256_ps128(_mm256_castsi256_ps(mask8(per_block))));
+  alignas(32) int32_t lane_group[2][8];
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 8; ++j)
+      lane_group[h][j] = group >= 128 ? 0 : static_cast<int32_t>((64 * h + 8 * j) / group);
+  const __m256i spread0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_group[0]));
+  const __m256i spread1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_group[1]));
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const bool prefetch = v0 == 0;
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const ActivationView* xs[NV];
+    __m256 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) xs[v] = xq[v0 + v];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    }
+    for (size_t b = 0; b < blocks; ++b) {
+      const size_t g0 = 128 * b / group;
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        if (prefetch) {
+          prefetch_next_block(rows[r], 64 * b, row_bytes);
+          if ((b & 3) == 0) {
+            prefetch_next_block(scales[r], 4 * g0, 4 * static_cast<size_t>(groups));
+            prefetch_next_block(w.mins + (static_cast<size_t>(r0) + r) * groups, 4 * g0, 4 * static_cast<size_t>(groups));
+          }
+        }
+        __m256i lo[2], hi[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + 64 * b + 32 * h));
+          lo[h] = _mm256_and_si256(packed, low4);
+          hi[h] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+        }
+        const __m128 w_scales = _mm_maskload_ps(scales[r] + g0, scale_mask);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          const std::int8_t* xb = xs[v]->q4 + 128 * b;
+          const std::int8_t* rb = Residual ? xs[v]->residual_q4 + 128 * b : xb;
+          __m256i dot[2], dot_r[2];
+          for (int h = 0; h < 2; ++h) {
+            const __m256i x_even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 32 * h));
+            const __m256i x_odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 64 + 32 * h));
+            dot[h] = _mm256_madd_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x_even), _mm256_maddubs_epi16(hi[h], x_odd)), ones);
+            if constexpr (Residual) {
+              const __m256i r_even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 32 * h));
+              const __m256i r_odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rb + 64 + 32 * h));
+              dot_r[h] = _mm256_madd_epi16(
+                  _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], r_even), _mm256_maddubs_epi16(hi[h], r_odd)), ones);
+            }
+          }
+          const __m128 x_scales = _mm_maskload_ps(xs[v]->scales + g0, scale_mask);
+          const __m256 s256 = _mm256_castps128_ps256(_mm_mul_ps(w_scales, x_scales));
+          acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[0]), _mm256_permutevar8x32_ps(s256, spread0), acc[r][v]);
+          acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[1]), _mm256_permutevar8x32_ps(s256, spread1), acc[r][v]);
+          if constexpr (Residual) {
+            const __m128 r_scales = _mm_maskload_ps(xs[v]->residual_scales + g0, scale_mask);
+            const __m256 r256 = _mm256_castps128_ps256(_mm_mul_ps(w_scales, r_scales));
+            acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_r[0]), _mm256_permutevar8x32_ps(r256, spread0), acc[r][v]);
+            acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_r[1]), _mm256_permutevar8x32_ps(r256, spread1), acc[r][v]);
+          }
+        }
+      }
+    }
+    // The min term and the columns past the last block, as in matvec.
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const ActivationView& a = *xs[v];
+        __m256 min_acc = _mm256_setzero_ps();
+        for (int32_t g = 0; g < groups; g += 8) {
+          const __m256i m = mask8(static_cast<size_t>(groups - g));
+          const __m256 group_mins = _mm256_maskload_ps(mins + g, m);
+          const __m256 x_sum = _mm256_mul_ps(_mm256_maskload_ps(a.scales + g, m),
+                                             _mm256_cvtepi32_ps(_mm256_maskload_epi32(a.sums + g, m)));
+          min_acc = _mm256_fmadd_ps(group_mins, x_sum, min_acc);
+          if constexpr (Residual) {
+            const __m256 r_sum = _mm256_mul_ps(_mm256_maskload_ps(a.residual_scales + g, m),
+                                               _mm256_cvtepi32_ps(_mm256_maskload_epi32(a.residual_sums + g, m)));
+            min_acc = _mm256_fmadd_ps(group_mins, r_sum, min_acc);
+          }
+        }
+        float tail = 0.0f;
+        for (size_t c = blocks * 128; c < cols;) {
+          const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+          int32_t dot = 0, dot_r = 0;
+          for (; c < end; ++c) {
+            const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
+            dot += code * a.q[c];
+            if constexpr (Residual) dot_r += code * a.residual_q[c];
+          }
+          tail += scales[r][g] * a.scales[g] * static_cast<float>(dot);
+          if constexpr (Residual) tail += scales[r][g] * a.residual_scales[g] * static_cast<float>(dot_r);
+        }
+        y[v0 + v][r0 + r] = hsum(acc[r][v]) + tail + hsum(min_acc);
+      }
+    }
+  });
+}
+
+// Even group sizes; the group's sum of x is computed once per vector, in
+// matvec's order, before the rows.
+void q4_f32_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                   int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  auto load_x = [](const float* p, size_t len, __m256& x0, __m256& x1) {
+    x0 = len >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask8(len));
+    x1 = len >= 16 ? _mm256_loadu_ps(p + 8) : _mm256_maskload_ps(p + 8, mask8(len > 8 ? len - 8 : 0));
+  };
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const float* mins[NR];
+    __m256 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      mins[r] = w.mins + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m256 x_sum[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        x_sum[v] = _mm256_setzero_ps();
+        for (size_t c = begin; c < end; c += 16) {
+          __m256 x0, x1;
+          load_x(x[v0 + v] + c, min_size(16, end - c), x0, x1);
+          x_sum[v] = _mm256_add_ps(x_sum[v], _mm256_add_ps(x0, x1));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m256 partial[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) partial[v] = _mm256_setzero_ps();
+        for (size_t c = begin; c < end; c += 16) {
+          const size_t len = min_size(16, end - c);
+          std::int64_t bytes = 0;
+          std::memcpy(&bytes, rows[r] + c / 2, (len + 1) / 2);
+          const __m128i packed = _mm_cvtsi64_si128(bytes);
+          const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(packed, low4), _mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+          const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+          const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            __m256 x0, x1;
+            load_x(x[v0 + v] + c, len, x0, x1);
+            partial[v] = _mm256_fmadd_ps(w1, x1, _mm256_fmadd_ps(w0, x0, partial[v]));
+          }
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          acc[r][v] = _mm256_fmadd_ps(partial[v], _mm256_set1_ps(scales[r][g]), acc[r][v]);
+          acc[r][v] = _mm256_fmadd_ps(x_sum[v], _mm256_set1_ps(mins[r][g]), acc[r][v]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = hsum(acc[r][v]);
+  });
+}
+
+// xq is null (f32 activations) or n views usable with w; see kernels_avx512.cpp.
+void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq, float* const* y,
+            int32_t row_begin, int32_t row_end) {
+  if (n == 1) return matvec(w, x[0], xq != nullptr ? xq[0] : nullptr, y[0], row_begin, row_end);
+  bool residual = false, mixed = false;
+  if (xq != nullptr) {
+    residual = xq[0]->residual_q != nullptr;
+    for (int32_t v = 1; v < n; ++v) mixed = mixed || (xq[v]->residual_q != nullptr) != residual;
+  }
+  if (mixed) {  // one plane for some vectors, two for others: each alone
+    for (int32_t v = 0; v < n; ++v) matvec(w, x[v], xq[v], y[v], row_begin, row_end);
+    return;
+  }
+  switch (w.format) {
+    case WeightFormat::F32: return float_matmat<WeightFormat::F32>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::F16: return float_matmat<WeightFormat::F16>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::BF16: return float_matmat<WeightFormat::BF16>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::Q8:
+      if (xq != nullptr && residual) return q8_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      return q8_f32_matmat(w, n, x, y, row_begin, row_end);
+    case WeightFormat::Q4:
+      if (xq != nullptr && q4_int8_supported(w.group)) {
+        if (residual) return q4_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+        return q4_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      }
+      if (xq == nullptr && w.group % 2 == 0) return q4_f32_matmat(w, n, x, y, row_begin, row_end);
+      break;
+  }
+  scalar_kernel_table()->matmat(w, n, x, xq, y, row_begin, row_end);
+}
+
 // ---- activation quantization ----------------------------------------------------------
 
 void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
@@ -585,6 +996,7 @@ constexpr KernelTable kTable{
     .isa = Isa::Avx2,
     .quantize_activation = quantize_activation,
     .matvec = matvec,
+    .matmat = matmat,
     .dot = dot,
     .rmsnorm = rmsnorm,
     .softmax = softmax,

@@ -393,6 +393,509 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
   scalar_kernel_table()->matvec(w, x, xq, y, row_begin, row_end);
 }
 
+// ---- matrix x several vectors (matmat) ------------------------------------------
+//
+// Each kernel below mirrors the matvec above it with a second tile dimension:
+// NR rows x NV vectors, the weights of a row loaded (and converted or
+// sign-flipped) once per chunk for all NV vectors. Every (row, vector) pair
+// keeps its own accumulator and sees exactly the instruction sequence matvec
+// runs for that row (same integer lanes, same f32 operations in the same
+// order, same reduction), so each result is bit-identical to matvec's.
+// f32/f16/bf16 and f32-activation kernels take row blocks as the outer loop
+// and vector tiles as the inner one: a block's weights (4 rows, a few KB)
+// stay in L1 while every tile goes through them. The int8 kernels, which read
+// a tile's activations for every row, go by row panels (weights in L2), then
+// tiles (activations in L1), then row blocks. Only the first tile prefetches
+// the next rows.
+
+// Runs kernel.template operator()<NR, NV>(r0, v0) over rows [begin, end) x
+// vectors [0, n): tiles of NV vectors, then one tile of the n % NV rest.
+template <int NR, int NV, class Kernel>
+void vector_rest(const Kernel& kernel, int32_t r0, int32_t v0, int32_t rest) {
+  if constexpr (NV > 1) {
+    if (rest == NV - 1) return kernel.template operator()<NR, NV - 1>(r0, v0);
+    vector_rest<NR, NV - 1>(kernel, r0, v0, rest);
+  }
+}
+
+template <int NV, class Kernel>
+void for_tiles(int32_t begin, int32_t end, int32_t n, const Kernel& kernel) {
+  auto row_block = [&]<int NR>(int32_t r0) {
+    int32_t v = 0;
+    for (; v + NV <= n; v += NV) kernel.template operator()<NR, NV>(r0, v);
+    if (v < n) vector_rest<NR, NV>(kernel, r0, v, n - v);
+  };
+  int32_t r = begin;
+  for (; r + kRowBlock <= end; r += kRowBlock) row_block.template operator()<kRowBlock>(r);
+  for (; r < end; ++r) row_block.template operator()<1>(r);
+}
+
+template <WeightFormat F>
+void float_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                  int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t element = F == WeightFormat::F32 ? 4 : 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  for_tiles<4>(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const bool prefetch = v0 == 0;
+    const void* rows[NR];
+    __m512 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols * element;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    }
+    for (size_t c = 0; c < cols; c += 16) {
+      const __mmask16 m = mask16(cols - c);
+      __m512 xv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) xv[v] = _mm512_maskz_loadu_ps(m, x[v0 + v] + c);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        if (prefetch) prefetch_next_block(rows[r], c * element, cols * element);
+        const __m512 wv = load_weights16<F>(rows[r], c, m);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]);
+  });
+}
+
+// Rows per panel: a panel's weights (about 128 KB) stay in L2 while every
+// vector tile goes through them, with the tile's activations in L1.
+int32_t panel_rows(size_t row_bytes) {
+  const size_t rows = (size_t{128} << 10) / (row_bytes + 1);
+  return static_cast<int32_t>(rows < 4 ? 4 : rows > 256 ? 256 : rows / 4 * 4);
+}
+
+// Runs kernel.template operator()<NR, NV>(r0, v0, prefetch) over row panels,
+// tiles of up to NV vectors within a panel, row blocks within a tile; only
+// the first tile of a panel prefetches the next row block.
+template <int NR, int NV, class Kernel>
+void tile_rest(const Kernel& kernel, int32_t r0, int32_t v0, int32_t nv, bool prefetch) {
+  if constexpr (NV >= 1) {
+    if (nv == NV) return kernel.template operator()<NR, NV>(r0, v0, prefetch);
+    tile_rest<NR, NV - 1>(kernel, r0, v0, nv, prefetch);
+  }
+}
+
+template <int NV, class Kernel>
+void for_panel_tiles(int32_t begin, int32_t end, int32_t n, int32_t panel, const Kernel& kernel) {
+  for (int32_t p = begin; p < end; p += panel) {
+    const int32_t p_end = p + panel < end ? p + panel : end;
+    for (int32_t v0 = 0; v0 < n; v0 += NV) {
+      const int32_t nv = n - v0 < NV ? n - v0 : NV;
+      int32_t r = p;
+      for (; r + kRowBlock <= p_end; r += kRowBlock) tile_rest<kRowBlock, NV>(kernel, r, v0, nv, v0 == 0);
+      for (; r < p_end; ++r) tile_rest<1, NV>(kernel, r, v0, nv, v0 == 0);
+    }
+  }
+}
+
+// Groups of at most 64 columns (the common 32 and 64) are one dpbusd per
+// (row, vector): the activations of the group stay in registers for all rows
+// and each group's int32 lanes go straight into the f32 accumulator. Larger
+// groups take rows one at a time, each with NV running dot products and the
+// activations read from L1.
+//
+// The per-group factors are made 16 groups at a time: w_scale * x_scale for
+// every pair with full-width multiplies (the scales of a row and of a vector
+// are both contiguous; each lane is the same single rounding as matvec's
+// scalar product) and the dpbusd start values -8 * sum. They are stored, and
+// the empty asm keeps them in memory, so the FMAs take their factor as a
+// broadcast operand instead of shuffles the compiler would build.
+template <bool Residual>
+void q8_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                    int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const bool one_chunk = group <= 64;
+  // Two planes need twice the activation registers: 4 x 3 tiles keep all
+  // accumulators in registers where 4 x 4 would spill them.
+  constexpr int kTileVectors = Residual ? 3 : 4;
+  for_panel_tiles<kTileVectors>(row_begin, row_end, n, panel_rows(cols), [&]<int NR, int NV>(int32_t r0, int32_t v0, bool prefetch) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    const ActivationView* xs[NV];
+    __m512 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) xs[v] = xq[v0 + v];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    }
+    alignas(64) float s[NR][NV][16], sr[NR][NV][16];
+    alignas(64) int32_t bias[NV][16], lo_bias[NV][16];
+    const __m512i minus8 = _mm512_set1_epi32(-8);
+    for (int32_t g16 = 0; g16 < groups; g16 += 16) {
+      const __mmask16 gm = mask16(static_cast<size_t>(groups - g16));
+      if (prefetch)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) prefetch_next_block(scales[r], 4 * static_cast<size_t>(g16), 4 * static_cast<size_t>(groups));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        _mm512_store_si512(bias[v], _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(gm, xs[v]->sums + g16), minus8));
+        if constexpr (Residual)
+          _mm512_store_si512(lo_bias[v], _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(gm, xs[v]->residual_sums + g16), minus8));
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const __m512 w_scales = _mm512_maskz_loadu_ps(gm, scales[r] + g16);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          _mm512_store_ps(s[r][v], _mm512_mul_ps(w_scales, _mm512_maskz_loadu_ps(gm, xs[v]->scales + g16)));
+          if constexpr (Residual)
+            _mm512_store_ps(sr[r][v], _mm512_mul_ps(w_scales, _mm512_maskz_loadu_ps(gm, xs[v]->residual_scales + g16)));
+        }
+      }
+      asm("" : "+m"(s), "+m"(sr), "+m"(bias), "+m"(lo_bias));
+      const int32_t g_end = groups - g16 < 16 ? groups : g16 + 16;
+      for (int32_t g = g16; g < g_end; ++g) {
+        const int32_t k = g - g16;
+        const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+        if (one_chunk) {
+          // Masked-off weights read as 0 and flip to 128, but x is 0 there.
+          const __mmask64 m = mask64(end - begin);
+          __m512i xv[NV], xl[NV];
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            xv[v] = _mm512_maskz_loadu_epi8(m, xs[v]->q + begin);
+            if constexpr (Residual) xl[v] = _mm512_maskz_loadu_epi8(m, xs[v]->residual_q + begin);
+          }
+          if (prefetch)
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r) prefetch_next_block(rows[r], begin, cols);
+#pragma GCC unroll 4
+          for (int r = 0; r < NR; ++r) {
+            const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[r] + begin), flip);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+              const __m512i dot = _mm512_dpbusd_epi32(_mm512_set1_epi32(bias[v][k]), wv, xv[v]);
+              acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(s[r][v][k]), acc[r][v]);
+              if constexpr (Residual) {
+                const __m512i lo = _mm512_dpbusd_epi32(_mm512_set1_epi32(lo_bias[v][k]), wv, xl[v]);
+                acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(sr[r][v][k]), acc[r][v]);
+              }
+            }
+          }
+          continue;
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          __m512i dot[NV], lo[NV];
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            dot[v] = _mm512_set1_epi32(bias[v][k]);
+            if constexpr (Residual) lo[v] = _mm512_set1_epi32(lo_bias[v][k]);
+          }
+          size_t c = begin;
+          for (; c + 64 <= end; c += 64) {
+            if (prefetch) prefetch_next_block(rows[r], c, cols);
+            const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(rows[r] + c), flip);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+              dot[v] = _mm512_dpbusd_epi32(dot[v], wv, _mm512_loadu_si512(xs[v]->q + c));
+              if constexpr (Residual) lo[v] = _mm512_dpbusd_epi32(lo[v], wv, _mm512_loadu_si512(xs[v]->residual_q + c));
+            }
+          }
+          if (c < end) {
+            const __mmask64 m = mask64(end - c);
+            const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, rows[r] + c), flip);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+              dot[v] = _mm512_dpbusd_epi32(dot[v], wv, _mm512_maskz_loadu_epi8(m, xs[v]->q + c));
+              if constexpr (Residual)
+                lo[v] = _mm512_dpbusd_epi32(lo[v], wv, _mm512_maskz_loadu_epi8(m, xs[v]->residual_q + c));
+            }
+          }
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[v]), _mm512_set1_ps(s[r][v][k]), acc[r][v]);
+            if constexpr (Residual)
+              acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[v]), _mm512_set1_ps(sr[r][v][k]), acc[r][v]);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]);
+  });
+}
+
+// Rows one at a time within a group, NV partial sums each, activations from L1.
+void q8_f32_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                   int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  for_tiles<4>(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    __m512 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m512 partial[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) partial[v] = _mm512_setzero_ps();
+        for (size_t c = begin; c < end; c += 16) {
+          const __mmask16 m = mask16(end - c);
+          const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, rows[r] + c)));
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) partial[v] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x[v0 + v] + c), partial[v]);
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(partial[v], _mm512_set1_ps(scales[r][g]), acc[r][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]);
+  });
+}
+
+// Per 128-column block the lane scales are spread once per vector and once
+// per row, then multiplied per pair: the same products matvec spreads after
+// multiplying, so the same bits.
+template <bool Residual>
+void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                    int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const size_t blocks = cols / 128;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const int32_t per_block = group >= 128 ? 1 : static_cast<int32_t>(128 / group);
+  const __mmask8 scale_mask = static_cast<__mmask8>((1u << per_block) - 1u);
+  alignas(64) int32_t lane_group[16];
+  for (int j = 0; j < 16; ++j) lane_group[j] = group >= 128 ? 0 : static_cast<int32_t>(8 * j / group);
+  const __m512i spread = _mm512_load_si512(lane_group);
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  auto spread_scales = [&](const float* s) { return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_maskz_loadu_ps(scale_mask, s))); };
+
+  // Per block the tile's activations are loaded once into registers for all
+  // rows: 4 x 3 tiles with one plane, 4 x 2 with two, so that they and the
+  // accumulators fit in the 32 registers. Panels keep them in L1.
+  constexpr int kTileVectors = Residual ? 2 : 3;
+  for_panel_tiles<kTileVectors>(row_begin, row_end, n, panel_rows(row_bytes), [&]<int NR, int NV>(int32_t r0, int32_t v0, bool prefetch) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const ActivationView* xs[NV];
+    __m512 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) xs[v] = xq[v0 + v];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    }
+    for (size_t b = 0; b < blocks; ++b) {
+      const size_t g0 = 128 * b / group;
+      __m512 x_scales[NV], r_scales[NV];
+      __m512i x_even[NV], x_odd[NV], r_even[NV], r_odd[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        x_scales[v] = spread_scales(xs[v]->scales + g0);
+        x_even[v] = _mm512_loadu_si512(xs[v]->q4 + 128 * b);
+        x_odd[v] = _mm512_loadu_si512(xs[v]->q4 + 128 * b + 64);
+        if constexpr (Residual) {
+          r_scales[v] = spread_scales(xs[v]->residual_scales + g0);
+          r_even[v] = _mm512_loadu_si512(xs[v]->residual_q4 + 128 * b);
+          r_odd[v] = _mm512_loadu_si512(xs[v]->residual_q4 + 128 * b + 64);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        if (prefetch) {
+          prefetch_next_block(rows[r], 64 * b, row_bytes);
+          if ((b & 3) == 0) {
+            prefetch_next_block(scales[r], 4 * g0, 4 * static_cast<size_t>(groups));
+            prefetch_next_block(w.mins + (static_cast<size_t>(r0) + r) * groups, 4 * g0, 4 * static_cast<size_t>(groups));
+          }
+        }
+        const __m512i packed = _mm512_loadu_si512(rows[r] + 64 * b);
+        const __m512i lo = _mm512_and_si512(packed, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        const __m512 w_scales = spread_scales(scales[r] + g0);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_even[v]), hi, x_odd[v]);
+          acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w_scales, x_scales[v]), acc[r][v]);
+          if constexpr (Residual) {
+            const __m512i dot_r = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, r_even[v]), hi, r_odd[v]);
+            acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_r), _mm512_mul_ps(w_scales, r_scales[v]), acc[r][v]);
+          }
+        }
+      }
+    }
+    // The min term and the columns past the last block, as in matvec.
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const ActivationView& a = *xs[v];
+        __m512 min_acc = _mm512_setzero_ps();
+        for (int32_t g = 0; g < groups; g += 16) {
+          const __mmask16 m = mask16(static_cast<size_t>(groups - g));
+          const __m512 group_mins = _mm512_maskz_loadu_ps(m, mins + g);
+          const __m512 x_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.scales + g),
+                                             _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, a.sums + g)));
+          min_acc = _mm512_fmadd_ps(group_mins, x_sum, min_acc);
+          if constexpr (Residual) {
+            const __m512 r_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.residual_scales + g),
+                                               _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, a.residual_sums + g)));
+            min_acc = _mm512_fmadd_ps(group_mins, r_sum, min_acc);
+          }
+        }
+        float tail = 0.0f;
+        for (size_t c = blocks * 128; c < cols;) {
+          const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+          int32_t dot = 0, dot_r = 0;
+          for (; c < end; ++c) {
+            const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
+            dot += code * a.q[c];
+            if constexpr (Residual) dot_r += code * a.residual_q[c];
+          }
+          tail += scales[r][g] * a.scales[g] * static_cast<float>(dot);
+          if constexpr (Residual) tail += scales[r][g] * a.residual_scales[g] * static_cast<float>(dot_r);
+        }
+        y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]) + tail + _mm512_reduce_add_ps(min_acc);
+      }
+    }
+  });
+}
+
+// Even group sizes. The group's sum of x is the same for every row, so it is
+// computed once per vector in matvec's order before the rows.
+void q4_f32_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                   int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  for_tiles<4>(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const float* mins[NR];
+    __m512 acc[NR][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      mins[r] = w.mins + (static_cast<size_t>(r0) + r) * groups;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      __m512 x_sum[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        x_sum[v] = _mm512_setzero_ps();
+        for (size_t c = begin; c < end; c += 32) {
+          const size_t len = min_size(32, end - c);
+          const __m512 x0 = _mm512_maskz_loadu_ps(mask16(len), x[v0 + v] + c);
+          const __m512 x1 = _mm512_maskz_loadu_ps(mask16(len > 16 ? len - 16 : 0), x[v0 + v] + c + 16);
+          x_sum[v] = _mm512_add_ps(x_sum[v], _mm512_add_ps(x0, x1));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m512 partial[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) partial[v] = _mm512_setzero_ps();
+        for (size_t c = begin; c < end; c += 32) {
+          const size_t len = min_size(32, end - c);
+          const __mmask16 byte_mask = mask16((len + 1) / 2);
+          const __mmask16 m0 = mask16(len), m1 = mask16(len > 16 ? len - 16 : 0);
+          const __m128i packed = _mm_maskz_loadu_epi8(byte_mask, rows[r] + c / 2);
+          const __m128i lo = _mm_and_si128(packed, low4);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
+          const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+          const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            const __m512 x0 = _mm512_maskz_loadu_ps(m0, x[v0 + v] + c);
+            const __m512 x1 = _mm512_maskz_loadu_ps(m1, x[v0 + v] + c + 16);
+            partial[v] = _mm512_fmadd_ps(w1, x1, _mm512_fmadd_ps(w0, x0, partial[v]));
+          }
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          acc[r][v] = _mm512_fmadd_ps(partial[v], _mm512_set1_ps(scales[r][g]), acc[r][v]);
+          acc[r][v] = _mm512_fmadd_ps(x_sum[v], _mm512_set1_ps(mins[r][g]), acc[r][v]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]);
+  });
+}
+
+// xq is null (f32 activations) or n views usable with w. Shapes matvec sends
+// to the portable kernel go to the portable matmat, which matches it the same way.
+void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq, float* const* y,
+            int32_t row_begin, int32_t row_end) {
+  if (n == 1) return matvec(w, x[0], xq != nullptr ? xq[0] : nullptr, y[0], row_begin, row_end);
+  bool residual = false, mixed = false;
+  if (xq != nullptr) {
+    residual = xq[0]->residual_q != nullptr;
+    for (int32_t v = 1; v < n; ++v) mixed = mixed || (xq[v]->residual_q != nullptr) != residual;
+  }
+  if (mixed) {  // one plane for some vectors, two for others: each alone
+    for (int32_t v = 0; v < n; ++v) matvec(w, x[v], xq[v], y[v], row_begin, row_end);
+    return;
+  }
+  switch (w.format) {
+    case WeightFormat::F32: return float_matmat<WeightFormat::F32>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::F16: return float_matmat<WeightFormat::F16>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::BF16: return float_matmat<WeightFormat::BF16>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::Q8:
+      if (xq != nullptr && residual) return q8_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      return q8_f32_matmat(w, n, x, y, row_begin, row_end);
+    case WeightFormat::Q4:
+      if (xq != nullptr && q4_int8_supported(w.group)) {
+        if (residual) return q4_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+        return q4_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      }
+      if (xq == nullptr && w.group % 2 == 0) return q4_f32_matmat(w, n, x, y, row_begin, row_end);
+      break;
+  }
+  scalar_kernel_table()->matmat(w, n, x, xq, y, row_begin, row_end);
+}
+
 // ---- activation quantization ----------------------------------------------------
 
 void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
@@ -566,6 +1069,7 @@ constexpr KernelTable kTable{
     .isa = Isa::Avx512,
     .quantize_activation = quantize_activation,
     .matvec = matvec,
+    .matmat = matmat,
     .dot = dot,
     .rmsnorm = rmsnorm,
     .softmax = softmax,

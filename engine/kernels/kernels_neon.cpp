@@ -228,6 +228,218 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
   scalar_kernel_table()->matvec(w, x, xq, y, row_begin, row_end);
 }
 
+// ---- matrix x several vectors (matmat) ------------------------------------------------
+//
+// Each kernel mirrors the matvec above it with a second tile dimension: NR
+// rows x NV vectors, a row's weights loaded once per chunk for all NV
+// vectors. Every (row, vector) pair keeps its own accumulator and runs
+// exactly matvec's instruction sequence for that row, so each result is
+// bit-identical to matvec's. Row blocks are the outer loop, so a block's
+// weights stay in L1 while every vector tile goes through them.
+constexpr int kVectorTile = 4;
+
+template <int NR, int NV, class Kernel>
+void vector_rest(const Kernel& kernel, int32_t r0, int32_t v0, int32_t rest) {
+  if constexpr (NV > 1) {
+    if (rest == NV - 1) return kernel.template operator()<NR, NV - 1>(r0, v0);
+    vector_rest<NR, NV - 1>(kernel, r0, v0, rest);
+  }
+}
+
+template <class Kernel>
+void for_tiles(int32_t begin, int32_t end, int32_t n, const Kernel& kernel) {
+  auto row_block = [&]<int NR>(int32_t r0) {
+    int32_t v = 0;
+    for (; v + kVectorTile <= n; v += kVectorTile) kernel.template operator()<NR, kVectorTile>(r0, v);
+    if (v < n) vector_rest<NR, kVectorTile>(kernel, r0, v, n - v);
+  };
+  int32_t r = begin;
+  for (; r + kRowBlock <= end; r += kRowBlock) row_block.template operator()<kRowBlock>(r);
+  for (; r < end; ++r) row_block.template operator()<1>(r);
+}
+
+template <WeightFormat F>
+void float_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                  int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t element = F == WeightFormat::F32 ? 4 : 2;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const void* rows[NR];
+    float32x4_t acc[NR][NV];
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols * element;
+      for (int v = 0; v < NV; ++v) acc[r][v] = vdupq_n_f32(0.0f);
+    }
+    for (size_t c = 0; c < cols; c += 4) {
+      const size_t len = min_size(4, cols - c);
+      float32x4_t xv[NV];
+      for (int v = 0; v < NV; ++v) xv[v] = load4(x[v0 + v] + c, len);
+      for (int r = 0; r < NR; ++r) {
+        const float32x4_t wv = load_weights4<F>(rows[r], c, len);
+        for (int v = 0; v < NV; ++v) acc[r][v] = vfmaq_f32(acc[r][v], wv, xv[v]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = vaddvq_f32(acc[r][v]);
+  });
+}
+
+// Rows one at a time within a group, NV running dot products each.
+template <bool Residual>
+void q8_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                    int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const std::int8_t* rows[NR];
+    const float* scales[NR];
+    const ActivationView* xs[NV];
+    float32x4_t acc[NR][NV];
+    for (int v = 0; v < NV; ++v) xs[v] = xq[v0 + v];
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * cols;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      for (int v = 0; v < NV; ++v) acc[r][v] = vdupq_n_f32(0.0f);
+    }
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      for (int r = 0; r < NR; ++r) {
+        int32x4_t dot[NV], lo[NV];
+        for (int v = 0; v < NV; ++v) dot[v] = lo[v] = vdupq_n_s32(0);
+        for (size_t c = begin; c < end; c += 16) {
+          const size_t len = min_size(16, end - c);
+          const int8x16_t wv = load16_s8(rows[r] + c, len);
+          for (int v = 0; v < NV; ++v) {
+            dot[v] = vdotq_s32(dot[v], wv, load16_s8(xs[v]->q + c, len));
+            if constexpr (Residual) lo[v] = vdotq_s32(lo[v], wv, load16_s8(xs[v]->residual_q + c, len));
+          }
+        }
+        for (int v = 0; v < NV; ++v) {
+          acc[r][v] = vfmaq_n_f32(acc[r][v], vcvtq_f32_s32(dot[v]), scales[r][g] * xs[v]->scales[g]);
+          if constexpr (Residual)
+            acc[r][v] = vfmaq_n_f32(acc[r][v], vcvtq_f32_s32(lo[v]), scales[r][g] * xs[v]->residual_scales[g]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int v = 0; v < NV; ++v) y[v0 + v][r0 + r] = vaddvq_f32(acc[r][v]);
+  });
+}
+
+// Per 32 columns the nibbles of a row are split once for all vectors.
+template <bool Residual>
+void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                    int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const size_t row_bytes = (cols + 1) / 2;
+  const size_t blocks = cols / 128;
+  const auto* base = static_cast<const std::uint8_t*>(w.data);
+  const uint8x16_t low4 = vdupq_n_u8(0x0f);
+  for_tiles(row_begin, row_end, n, [&]<int NR, int NV>(int32_t r0, int32_t v0) {
+    const std::uint8_t* rows[NR];
+    const float* scales[NR];
+    const ActivationView* xs[NV];
+    float32x4_t acc[NR][NV];
+    for (int v = 0; v < NV; ++v) xs[v] = xq[v0 + v];
+    for (int r = 0; r < NR; ++r) {
+      rows[r] = base + (static_cast<size_t>(r0) + r) * row_bytes;
+      scales[r] = w.scales + (static_cast<size_t>(r0) + r) * groups;
+      for (int v = 0; v < NV; ++v) acc[r][v] = vdupq_n_f32(0.0f);
+    }
+    for (size_t b = 0; b < blocks; ++b) {
+      for (size_t k = 0; k < 4; ++k) {
+        const size_t g = (128 * b + 32 * k) / group;
+        for (int r = 0; r < NR; ++r) {
+          const uint8x16_t packed = vld1q_u8(rows[r] + 64 * b + 16 * k);
+          const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(packed, low4));
+          const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
+          for (int v = 0; v < NV; ++v) {
+            const std::int8_t* xb = xs[v]->q4 + 128 * b + 16 * k;
+            const int32x4_t dot = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(xb)), hi, vld1q_s8(xb + 64));
+            acc[r][v] = vfmaq_n_f32(acc[r][v], vcvtq_f32_s32(dot), scales[r][g] * xs[v]->scales[g]);
+            if constexpr (Residual) {
+              const std::int8_t* rb = xs[v]->residual_q4 + 128 * b + 16 * k;
+              const int32x4_t dot_r = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(rb)), hi, vld1q_s8(rb + 64));
+              acc[r][v] = vfmaq_n_f32(acc[r][v], vcvtq_f32_s32(dot_r), scales[r][g] * xs[v]->residual_scales[g]);
+            }
+          }
+        }
+      }
+    }
+    // The min term and the columns past the last block, as in matvec.
+    for (int r = 0; r < NR; ++r) {
+      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
+      for (int v = 0; v < NV; ++v) {
+        const ActivationView& a = *xs[v];
+        float32x4_t min_acc = vdupq_n_f32(0.0f);
+        for (int32_t g = 0; g < groups; g += 4) {
+          const size_t len = min_size(4, static_cast<size_t>(groups - g));
+          int32_t sums[4] = {0, 0, 0, 0};
+          std::memcpy(sums, a.sums + g, 4 * len);
+          const float32x4_t group_mins = load4(mins + g, len);
+          const float32x4_t x_sum = vmulq_f32(load4(a.scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
+          min_acc = vfmaq_f32(min_acc, group_mins, x_sum);
+          if constexpr (Residual) {
+            std::memcpy(sums, a.residual_sums + g, 4 * len);
+            const float32x4_t r_sum = vmulq_f32(load4(a.residual_scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
+            min_acc = vfmaq_f32(min_acc, group_mins, r_sum);
+          }
+        }
+        float tail = 0.0f;
+        for (size_t c = blocks * 128; c < cols;) {
+          const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+          int32_t dot = 0, dot_r = 0;
+          for (; c < end; ++c) {
+            const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
+            dot += code * a.q[c];
+            if constexpr (Residual) dot_r += code * a.residual_q[c];
+          }
+          tail += scales[r][g] * a.scales[g] * static_cast<float>(dot);
+          if constexpr (Residual) tail += scales[r][g] * a.residual_scales[g] * static_cast<float>(dot_r);
+        }
+        y[v0 + v][r0 + r] = vaddvq_f32(acc[r][v]) + tail + vaddvq_f32(min_acc);
+      }
+    }
+  });
+}
+
+// xq is null (f32 activations) or n views usable with w. What matvec sends to
+// the portable kernel goes to the portable matmat, which matches it.
+void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq, float* const* y,
+            int32_t row_begin, int32_t row_end) {
+  if (n == 1) return matvec(w, x[0], xq != nullptr ? xq[0] : nullptr, y[0], row_begin, row_end);
+  bool residual = false, mixed = false;
+  if (xq != nullptr) {
+    residual = xq[0]->residual_q != nullptr;
+    for (int32_t v = 1; v < n; ++v) mixed = mixed || (xq[v]->residual_q != nullptr) != residual;
+  }
+  if (mixed) {  // one plane for some vectors, two for others: each alone
+    for (int32_t v = 0; v < n; ++v) matvec(w, x[v], xq[v], y[v], row_begin, row_end);
+    return;
+  }
+  switch (w.format) {
+    case WeightFormat::F32: return float_matmat<WeightFormat::F32>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::F16: return float_matmat<WeightFormat::F16>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::BF16: return float_matmat<WeightFormat::BF16>(w, n, x, y, row_begin, row_end);
+    case WeightFormat::Q8:
+      if (xq != nullptr && residual) return q8_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      break;
+    case WeightFormat::Q4:
+      if (xq != nullptr && q4_int8_supported(w.group)) {
+        if (residual) return q4_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+        return q4_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      }
+      break;
+  }
+  scalar_kernel_table()->matmat(w, n, x, xq, y, row_begin, row_end);
+}
+
 float dot(const float* a, const float* b, int32_t n) {
   const size_t len = static_cast<size_t>(n);
   float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
@@ -279,6 +491,7 @@ constexpr KernelTable kTable{
     .isa = Isa::Neon,
     .quantize_activation = quantize_activation,
     .matvec = matvec,
+    .matmat = matmat,
     .dot = dot,
     .rmsnorm = rmsnorm,
     .softmax = softmax,

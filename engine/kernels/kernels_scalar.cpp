@@ -169,6 +169,105 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
   }
 }
 
+// ---- matrix x several vectors ------------------------------------------------------
+//
+// Each row is read once per tile of up to kTile vectors: every weight is
+// decoded once and multiplied into kTile running sums, each evaluated exactly
+// as the single-row functions above evaluate theirs (same expressions, same
+// order), so results are bit-identical to matvec's.
+constexpr std::int32_t kTile = 4;
+
+void row_f32_tile(const Matrix& w, std::int32_t r, std::int32_t nv, const float* const* x, float* sum) {
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const auto* bytes = static_cast<const std::uint8_t*>(w.data);
+  for (std::int32_t v = 0; v < nv; ++v) sum[v] = 0.0f;
+  if (!is_quantized(w.format)) {
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float value = w.format == WeightFormat::F32 ? static_cast<const float*>(w.data)[r * cols + c]
+                          : w.format == WeightFormat::F16 ? f16_value(bytes + 2 * (r * cols + c))
+                                                          : bf16_value(bytes + 2 * (r * cols + c));
+      for (std::int32_t v = 0; v < nv; ++v) sum[v] += value * x[v][c];
+    }
+    return;
+  }
+  const std::int32_t groups = group_count(w.cols, w.group);
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    const std::size_t slot = static_cast<std::size_t>(r) * groups + g;
+    float partial[kTile] = {}, x_sum[kTile] = {};
+    if (w.format == WeightFormat::Q8) {
+      const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + r * cols;
+      for (std::size_t c = begin; c < end; ++c) {
+        const float value = static_cast<float>(q[c]);
+        for (std::int32_t v = 0; v < nv; ++v) partial[v] += value * x[v][c];
+      }
+      for (std::int32_t v = 0; v < nv; ++v) sum[v] += w.scales[slot] * partial[v];
+    } else {
+      const std::uint8_t* packed = bytes + r * ((cols + 1) / 2);
+      for (std::size_t c = begin; c < end; ++c) {
+        const int code = (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
+        for (std::int32_t v = 0; v < nv; ++v) {
+          partial[v] += static_cast<float>(code) * x[v][c];
+          x_sum[v] += x[v][c];
+        }
+      }
+      for (std::int32_t v = 0; v < nv; ++v) sum[v] += w.scales[slot] * partial[v] + w.mins[slot] * x_sum[v];
+    }
+  }
+}
+
+void row_int8_tile(const Matrix& w, std::int32_t r, std::int32_t nv, const ActivationView* const* xq, float* sum) {
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  const bool q8 = w.format == WeightFormat::Q8;
+  const auto* q = static_cast<const std::int8_t*>(w.data) + r * cols;
+  const auto* packed = static_cast<const std::uint8_t*>(w.data) + r * ((cols + 1) / 2);
+  const float* ws = w.scales + static_cast<std::size_t>(r) * groups;
+  const float* mins = q8 ? nullptr : w.mins + static_cast<std::size_t>(r) * groups;
+  for (std::int32_t v = 0; v < nv; ++v) sum[v] = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    std::int32_t dot[kTile] = {}, lo[kTile] = {};
+    for (std::size_t c = begin; c < end; ++c) {
+      const int value = q8 ? q[c] : (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
+      for (std::int32_t v = 0; v < nv; ++v) {
+        dot[v] += value * xq[v]->q[c];
+        if (xq[v]->residual_q != nullptr) lo[v] += value * xq[v]->residual_q[c];
+      }
+    }
+    for (std::int32_t v = 0; v < nv; ++v) {
+      const ActivationView& a = *xq[v];
+      if (q8) {
+        sum[v] += ws[g] * a.scales[g] * static_cast<float>(dot[v]);
+        if (a.residual_q != nullptr) sum[v] += ws[g] * a.residual_scales[g] * static_cast<float>(lo[v]);
+      } else {
+        sum[v] += ws[g] * a.scales[g] * static_cast<float>(dot[v]) +
+                  mins[g] * (a.scales[g] * static_cast<float>(a.sums[g]));
+        if (a.residual_q != nullptr)
+          sum[v] += ws[g] * a.residual_scales[g] * static_cast<float>(lo[v]) +
+                    mins[g] * (a.residual_scales[g] * static_cast<float>(a.residual_sums[g]));
+      }
+    }
+  }
+}
+
+void matmat(const Matrix& w, std::int32_t n, const float* const* x, const ActivationView* const* xq,
+            float* const* y, std::int32_t row_begin, std::int32_t row_end) {
+  const bool int8 = xq != nullptr && is_quantized(w.format);
+  for (std::int32_t r = row_begin; r < row_end; ++r)
+    for (std::int32_t v0 = 0; v0 < n; v0 += kTile) {
+      const std::int32_t nv = std::min(kTile, n - v0);
+      float sum[kTile];
+      if (int8)
+        row_int8_tile(w, r, nv, xq + v0, sum);
+      else
+        row_f32_tile(w, r, nv, x + v0, sum);
+      for (std::int32_t v = 0; v < nv; ++v) y[v0 + v][r] = sum[v];
+    }
+}
+
 float dot(const float* a, const float* b, std::int32_t n) {
   float sum = 0.0f;
   for (std::int32_t i = 0; i < n; ++i) sum += a[i] * b[i];
@@ -217,6 +316,7 @@ constexpr KernelTable kTable{
     .isa = Isa::Scalar,
     .quantize_activation = quantize_activation,
     .matvec = matvec,
+    .matmat = matmat,
     .dot = dot,
     .rmsnorm = rmsnorm,
     .softmax = softmax,

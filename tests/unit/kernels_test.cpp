@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernel_checks.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/quantize.h"
@@ -19,71 +20,11 @@
 namespace colibri::kernels {
 namespace {
 
-constexpr double kUlp = 1.0 / (1 << 23);  // 2 * 2^-24: both sides round
-
-struct Weights {
-  std::vector<std::uint8_t> bytes;
-  Matrix m;
-};
-
-Weights make_weights(WeightFormat format, std::int32_t rows, std::int32_t cols, std::int32_t group,
-                     std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(static_cast<std::size_t>(rows) * cols);
-  for (float& v : values) v = normal(rng) * 0.1f + 0.02f;  // asymmetric, like trained weights
-  if (!is_quantized(format)) group = 0;
-  Weights w;
-  w.bytes.resize(weight_layout(format, rows, cols, static_cast<std::uint32_t>(group))->total_bytes);
-  quantize_weights(format, rows, cols, group, values.data(), w.bytes.data());
-  w.m = matrix_view(format, rows, cols, group, w.bytes.data());
-  return w;
-}
-
-std::vector<float> random_vector(std::int32_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> x(static_cast<std::size_t>(n));
-  for (float& v : x) v = normal(rng);
-  // Outliers, as real activations have: they set a group's scale.
-  if (n > 3) x[static_cast<std::size_t>(n) / 3] *= 8.0f;
-  return x;
-}
-
-int code_at(const Matrix& m, std::int32_t r, std::int32_t c) {
-  const auto* bytes = static_cast<const std::uint8_t*>(m.data);
-  if (m.format == WeightFormat::Q8) return reinterpret_cast<const std::int8_t*>(bytes)[static_cast<std::size_t>(r) * m.cols + c];
-  const std::uint8_t byte = bytes[static_cast<std::size_t>(r) * ((m.cols + 1) / 2) + c / 2];
-  return c % 2 == 0 ? (byte & 0x0f) : (byte >> 4);
-}
-
-// The int8 product in exact arithmetic (double holds every term exactly
-// enough) and the magnitude sum the tolerance scales with.
-void exact_int8_row(const Matrix& w, std::int32_t r, const ActivationQ8& xq, double& value, double& magnitude) {
-  const std::int32_t groups = (w.cols + w.group - 1) / w.group;
-  value = magnitude = 0.0;
-  for (int plane = 0; plane < (xq.residual ? 2 : 1); ++plane) {
-    const std::vector<std::int8_t>& q = plane == 0 ? xq.q : xq.residual_q;
-    const std::vector<float>& x_scales = plane == 0 ? xq.scales : xq.residual_scales;
-    const std::vector<std::int32_t>& sums = plane == 0 ? xq.sums : xq.residual_sums;
-    for (std::int32_t g = 0; g < groups; ++g) {
-      const std::int32_t begin = g * w.group, end = std::min(w.cols, begin + w.group);
-      std::int64_t dot = 0, abs_dot = 0;
-      for (std::int32_t c = begin; c < end; ++c) {
-        const std::int64_t p = static_cast<std::int64_t>(code_at(w, r, c)) * q[static_cast<std::size_t>(c)];
-        dot += p;
-        abs_dot += std::llabs(p);
-      }
-      const double scale = static_cast<double>(w.scales[static_cast<std::size_t>(r) * groups + g]) * x_scales[g];
-      value += scale * static_cast<double>(dot);
-      magnitude += std::fabs(scale) * static_cast<double>(abs_dot);
-      if (w.format == WeightFormat::Q4) {
-        const double min_term = static_cast<double>(w.mins[static_cast<std::size_t>(r) * groups + g]) *
-                                x_scales[g] * sums[g];
-        value += min_term;
-        magnitude += std::fabs(min_term);
-      }
-    }
-  }
-}
+using checks::exact_int8_row;
+using checks::kUlp;
+using checks::make_weights;
+using checks::random_vector;
+using checks::Weights;
 
 class KernelPaths : public ::testing::TestWithParam<Isa> {
  protected:
@@ -209,6 +150,12 @@ TEST_P(KernelPaths, RowRangesComputeTheSameBitsAndTouchNothingElse) {
     }
   }
 }
+
+// Random shapes with ragged rows, columns and vector counts, one and two
+// activation planes, row ranges (kernel_checks.h).
+TEST_P(KernelPaths, MatmatGivesMatvecsBitsForEveryVector) { EXPECT_EQ(checks::check_matmat_matches_matvec(60), 0); }
+
+TEST_P(KernelPaths, MatvecOnRandomShapesMatchesReference) { EXPECT_EQ(checks::check_matvec_matches_reference(40), 0); }
 
 TEST_P(KernelPaths, ActivationQuantizationIsIdenticalToTheScalarPath) {
   std::mt19937 rng(5);

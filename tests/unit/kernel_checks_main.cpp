@@ -1,0 +1,32 @@
+// The kernel checks of kernel_checks.h as a plain program, for targets
+// without GoogleTest: tests/scripts/neon_qemu.sh cross-compiles it for
+// aarch64 and runs it under qemu. Runs every path this CPU supports and exits
+// non-zero on any failure. Usage: kernel_checks [cases per check]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "kernel_checks.h"
+
+int main(int argc, char** argv) {
+  using namespace colibri::kernels;
+  const int cases = argc > 1 ? std::atoi(argv[1]) : 24;
+  if (cases <= 0) {
+    std::fprintf(stderr, "usage: %s [cases per check, > 0]\n", argv[0]);
+    return 2;
+  }
+  int failures = 0;
+  for (Isa isa : supported_isas()) {
+    if (!force_isa(isa)) {
+      std::fprintf(stderr, "cannot select the %s path\n", std::string(isa_name(isa)).c_str());
+      return 1;
+    }
+    const int matvec = checks::check_matvec_matches_reference(cases);
+    const int matmat = checks::check_matmat_matches_matvec(cases);
+    std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s\n", std::string(isa_name(isa)).c_str(),
+                matvec == 0 ? "ok" : (std::to_string(matvec) + " failures").c_str(),
+                matmat == 0 ? "ok" : (std::to_string(matmat) + " failures").c_str());
+    failures += matvec + matmat;
+  }
+  return failures == 0 ? 0 : 1;
+}
