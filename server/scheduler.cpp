@@ -44,10 +44,17 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
   }
   pool_.reserve(static_cast<std::size_t>(options_.max_sessions));
   for (std::int32_t i = 0; i < options_.max_sessions; ++i) {
-    pool_.push_back(std::make_unique<Session>(model_, options_.context, team_.get()));
+    // Sessions are only stepped through batch_, so their own forward pass
+    // needs room for one token.
+    pool_.push_back(std::make_unique<Session>(model_, options_.context, team_.get(), 1));
     free_.push_back(pool_.back().get());
   }
   context_ = pool_.front()->max_context();
+  prefill_chunk_ = std::clamp(options_.prefill_chunk, 1, std::min(kMaxPrefillChunk, context_));
+  const std::int32_t capacity = options_.max_sessions + prefill_chunk_;
+  batch_ = std::make_unique<BatchDecoder>(model_, capacity, team_.get(), context_);
+  items_.reserve(static_cast<std::size_t>(capacity));
+  item_jobs_.reserve(static_cast<std::size_t>(capacity));
   const ModelConfig& config = model_->config();
   if (options_.routing_metrics && config.n_experts > 0) {
     expert_load_ = std::make_shared<ExpertLoad>(config.n_layers, config.n_experts);
@@ -178,9 +185,11 @@ void Scheduler::run() {
     }
     for (Job* job : starting) start_job(*job);
 
-    // One step: prompt tokens up to the prefill budget, then one token for
-    // every session that is decoding.
-    std::int32_t budget = options_.prefill_chunk;
+    // One step, one batched forward pass: the next token of every decoding
+    // session and a prompt chunk of the first prefilling one.
+    items_.clear();
+    item_jobs_.clear();
+    Job* prefilling = nullptr;
     std::size_t advanced = 0;
     for (auto& job_ptr : active_) {
       Job& job = *job_ptr;
@@ -190,16 +199,17 @@ void Scheduler::run() {
         continue;
       }
       if (job.prefilling()) {
-        if (budget <= 0) continue;
-        budget -= prefill(job, budget);
-        if (job.done || job.prefilling()) {
-          ++advanced;
-          continue;
-        }
+        if (prefilling == nullptr) prefilling = &job;
+        continue;
       }
-      decode_step(job);
+      add_decode(job);
       ++advanced;
     }
+    if (prefilling != nullptr) {
+      add_prefill(*prefilling);
+      ++advanced;
+    }
+    if (!items_.empty()) run_batch();
     metrics_.scheduler_steps.inc();
     metrics_.batch_size.observe(static_cast<double>(advanced));
 
@@ -226,24 +236,18 @@ void Scheduler::start_job(Job& job) {
   job.channel->mark_started();
 }
 
-std::int32_t Scheduler::prefill(Job& job, std::int32_t budget) {
-  const std::size_t n = std::min(static_cast<std::size_t>(budget), job.spec.prompt.size() - job.fed);
-  std::span<const float> last;
-  for (std::size_t i = 0; i < n; ++i) {
-    auto logits = job.session->decode(job.spec.prompt[job.fed]);
-    if (!logits) {
-      finish(job, Finish::Error, ApiError::internal("prompt processing failed: " + logits.error().message));
-      return static_cast<std::int32_t>(i + 1);
-    }
-    last = *logits;
-    ++job.fed;
+void Scheduler::add_prefill(Job& job) {
+  const std::size_t n = std::min(static_cast<std::size_t>(prefill_chunk_), job.spec.prompt.size() - job.fed);
+  for (std::size_t i = job.fed; i < job.fed + n; ++i) {
+    // Only the prompt's last token needs logits: they predict the first
+    // generated token.
+    float* logits = i + 1 == job.spec.prompt.size() ? job.logits.data() : nullptr;
+    items_.push_back(BatchItem{job.session, job.spec.prompt[i], logits, Status::Ok()});
+    item_jobs_.push_back(&job);
   }
-  metrics_.prompt_tokens.inc(n);
-  if (!job.prefilling()) std::copy(last.begin(), last.end(), job.logits.begin());
-  return static_cast<std::int32_t>(n);
 }
 
-void Scheduler::decode_step(Job& job) {
+void Scheduler::add_decode(Job& job) {
   const std::int32_t token = job.sampler->sample(job.logits, job.history);
   if (token == Sampler::kNoToken) {
     finish(job, Finish::Error,
@@ -283,12 +287,34 @@ void Scheduler::decode_step(Job& job) {
     finish_with_flush(job, Finish::Length);
     return;
   }
-  auto logits = job.session->decode(token);
-  if (!logits) {
-    finish(job, Finish::Error, ApiError::internal("decoding failed: " + logits.error().message));
+  // The token goes through the batch; its logits land in job.logits.
+  items_.push_back(BatchItem{job.session, token, job.logits.data(), Status::Ok()});
+  item_jobs_.push_back(&job);
+}
+
+void Scheduler::run_batch() {
+  Status status = batch_->step(items_);
+  if (!status.ok()) {
+    // The batch is sized for every session plus a prefill chunk; this is a bug.
+    for (Job* job : item_jobs_) finish(*job, Finish::Error, ApiError::internal("batch step failed: " + status.error().message));
     return;
   }
-  std::copy(logits->begin(), logits->end(), job.logits.begin());
+  std::uint64_t prompt_tokens = 0;
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    Job& job = *item_jobs_[i];
+    const bool prompt = job.prefilling();
+    if (items_[i].status.ok()) {
+      if (prompt) {
+        ++job.fed;
+        ++prompt_tokens;
+      }
+      continue;
+    }
+    const std::string& message = items_[i].status.error().message;
+    finish(job, Finish::Error,
+           ApiError::internal((prompt ? "prompt processing failed: " : "decoding failed: ") + message));
+  }
+  metrics_.prompt_tokens.inc(prompt_tokens);
 }
 
 void Scheduler::finish_with_flush(Job& job, Finish reason) {

@@ -1,16 +1,13 @@
 // The scheduler: a bounded admission queue, a pool of sessions allocated at
 // start, and one compute thread that advances every active generation by one
 // token per step (continuous batching at token granularity: requests join and
-// leave between steps). Long prompts are prefilled in chunks interleaved with
-// the decode steps of running streams.
+// leave between steps). Each step is ONE batched forward pass (BatchDecoder):
+// the next token of every decoding session plus a chunk of at most one
+// prefilling session's prompt, so each active expert's weights are read once
+// per step for all of them.
 //
 // The compute thread is member 0 of the engine's ThreadTeam, which splits each
-// token's matrix products across cores (optionally pinned).
-//
-// Limits of today's engine: Session::decode() runs one token of one session,
-// so the sessions of a step run one after another and each reads its experts'
-// weights itself; sharing one pass over an expert's weights across the batch
-// needs a batched decode in the engine.
+// step's matrix products across cores (optionally pinned).
 #pragma once
 
 #include <chrono>
@@ -25,6 +22,7 @@
 #include "api.h"
 #include "metrics.h"
 #include "model/model.h"
+#include "runtime/batch_decoder.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "stream_channel.h"
@@ -35,7 +33,7 @@ struct SchedulerOptions {
   std::int32_t max_sessions = 4;
   std::int32_t max_queue = 16;
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
-  std::int32_t prefill_chunk = 32;
+  std::int32_t prefill_chunk = 32;  // prompt tokens per step, at most kMaxPrefillChunk
   std::int32_t compute_threads = 1;          // team size; 0 = available cores, 1 = no team
   std::vector<std::int32_t> compute_cores;   // pin the team here (empty: unpinned)
   std::size_t stream_buffer_chunks = 1024;
@@ -45,6 +43,11 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
+  // The batch buffers are sized for max_sessions + prefill_chunk tokens;
+  // beyond this many prompt tokens per step they would cost memory for no gain
+  // (a chunk this long already reads each weight once per 512 tokens).
+  static constexpr std::int32_t kMaxPrefillChunk = 512;
+
   Scheduler(std::shared_ptr<const Model> model, SchedulerOptions options, Metrics& metrics);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -72,9 +75,13 @@ class Scheduler {
 
   void run();
   void start_job(Job& job);
-  // Feeds up to `budget` prompt tokens; returns how many it fed.
-  std::int32_t prefill(Job& job, std::int32_t budget);
-  void decode_step(Job& job);
+  // Adds the job's next prompt chunk to the step's batch.
+  void add_prefill(Job& job);
+  // Samples the job's next token and streams it; adds it to the step's batch
+  // unless the generation ends here.
+  void add_decode(Job& job);
+  // Runs the step's batch and settles each job's outcome.
+  void run_batch();
   void finish_with_flush(Job& job, Finish finish);
   void finish(Job& job, Finish finish, std::optional<ApiError> error = std::nullopt);
   void fail_queued(Job& job, Finish finish, ApiError error);
@@ -87,6 +94,11 @@ class Scheduler {
   std::unique_ptr<ThreadTeam> team_;  // shared by all sessions: one decode at a time, on the compute thread
   std::vector<std::unique_ptr<Session>> pool_;
   std::vector<Session*> free_;  // compute thread only
+  std::int32_t prefill_chunk_ = 1;
+  // One step's batch: items_[i] belongs to item_jobs_[i]. Compute thread only.
+  std::unique_ptr<BatchDecoder> batch_;
+  std::vector<BatchItem> items_;
+  std::vector<Job*> item_jobs_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -104,7 +104,9 @@ int main(int argc, char** argv) {
                  "Write prompt ids, the top-64 logits of every prompt position and the generated "
                  "tokens as JSON (the layout of the test fixtures' reference.json)");
   app.add_option("--dump-tensors", dump_tensors,
-                 "Write every named intermediate tensor (per layer and position) as JSON lines");
+                 "Write every named intermediate tensor (per layer and position) as JSON lines; a prompt "
+                 "is fed in batches, so its lines come layer by layer for all its positions (use the "
+                 "\"pos\" field)");
   app.add_flag("-q,--quiet", quiet, "Print only the generated text");
   CLI11_PARSE(app, argc, argv);
 
@@ -174,7 +176,10 @@ int main(int argc, char** argv) {
   };
 
   auto start = std::chrono::steady_clock::now();
-  auto output = colibri::generate(session, tokens, options, on_text, observer);
+  // Without --logits-out the prompt goes through the layers in batches
+  // (Session::prefill); the observer would need every position's logits.
+  auto output = colibri::generate(session, tokens, options, on_text,
+                                  logits_out.empty() ? colibri::LogitsObserver{} : colibri::LogitsObserver(observer));
   auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fputc('\n', stdout);
   std::fflush(stdout);

@@ -75,7 +75,14 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     return true;
   };
 
-  for (std::int32_t token : prompt) COLIBRI_TRY(feed(token));
+  if (observer) {
+    // The observer sees every prompt position's logits: one token at a time.
+    for (std::int32_t token : prompt) COLIBRI_TRY(feed(token));
+  } else {
+    auto last = session.prefill(prompt);
+    if (!last) return last.error();
+    std::copy(last->begin(), last->end(), logits.begin());
+  }
 
   output.finish = FinishReason::Length;
   bool running = true;

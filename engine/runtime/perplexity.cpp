@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "runtime/batch_decoder.h"
 #include "runtime/session.h"
 
 namespace colibri {
@@ -46,12 +47,29 @@ Result<PerplexityResult> measure_perplexity(const std::shared_ptr<const Model>& 
     return make_error("the base model's vocabulary ({}) differs from the model's ({})", base->config().vocab,
                       model->config().vocab);
 
-  Session session(model, options.context);
+  // Each window's positions go through the layers kBatch at a time (logits
+  // bit-identical to one at a time), with logits only where a target is scored.
+  constexpr std::int32_t kBatch = 32;
+  const std::int32_t batch = std::min(kBatch, options.context);
+  Session session(model, options.context, nullptr, 1);
   std::unique_ptr<Session> base_session;
-  if (base) base_session = std::make_unique<Session>(base, options.context);
+  if (base) base_session = std::make_unique<Session>(base, options.context, nullptr, 1);
   if (session.max_context() < options.context)
     return make_error("the model's context is {} positions, less than the {} asked for", session.max_context(),
                       options.context);
+  BatchDecoder decoder(model, batch, nullptr, options.context);
+  std::unique_ptr<BatchDecoder> base_decoder;
+  if (base) base_decoder = std::make_unique<BatchDecoder>(base, batch, nullptr, options.context);
+  const auto vocab = static_cast<std::size_t>(model->config().vocab);
+  std::vector<float> logits(static_cast<std::size_t>(batch) * vocab);
+  std::vector<float> base_logits(base ? logits.size() : 0);
+  std::vector<BatchItem> items(static_cast<std::size_t>(batch)), base_items(base ? items.size() : 0);
+  auto run = [](BatchDecoder& d, std::vector<BatchItem>& all, std::size_t count) -> Status {
+    COLIBRI_TRY(d.step(std::span<BatchItem>(all.data(), count)));
+    for (std::size_t i = 0; i < count; ++i)
+      if (!all[i].status.ok()) return all[i].status;
+    return Status::Ok();
+  };
 
   const auto n = static_cast<std::int64_t>(tokens.size());
   const std::int64_t total_to_score =
@@ -61,34 +79,39 @@ Result<PerplexityResult> measure_perplexity(const std::shared_ptr<const Model>& 
   std::int64_t scored_until = 0;  // targets [1, scored_until] are done
   for (std::int64_t start = 0; scored_until < total_to_score; start += options.stride) {
     const std::int64_t end = std::min<std::int64_t>(start + options.context, n);
-    // Score targets t with t > scored_until inside (start, end).
+    // Score targets t with t > first_target inside (start, end).
+    const std::int64_t first_target = scored_until;
     session.reset();
     if (base_session) base_session->reset();
-    for (std::int64_t pos = start; pos + 1 < end; ++pos) {
-      auto logits = session.decode(tokens[static_cast<std::size_t>(pos)]);
-      if (!logits) return logits.error();
-      std::span<const float> base_logits;
-      if (base_session) {
-        auto b = base_session->decode(tokens[static_cast<std::size_t>(pos)]);
-        if (!b) return b.error();
-        base_logits = *b;
+    for (std::int64_t chunk = start; chunk + 1 < end; chunk += batch) {
+      const auto count = static_cast<std::size_t>(std::min<std::int64_t>(batch, end - 1 - chunk));
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::int64_t target = chunk + static_cast<std::int64_t>(i) + 1;
+        const bool scored = target > first_target && target <= total_to_score;
+        const std::int32_t token = tokens[static_cast<std::size_t>(target - 1)];
+        items[i] = BatchItem{&session, token, scored ? logits.data() + i * vocab : nullptr, Status::Ok()};
+        if (base) base_items[i] = BatchItem{base_session.get(), token, scored ? base_logits.data() + i * vocab : nullptr, Status::Ok()};
       }
-      const std::int64_t target = pos + 1;
-      if (target <= scored_until || target > total_to_score) continue;
-      const auto id = static_cast<std::size_t>(tokens[static_cast<std::size_t>(target)]);
-      log_softmax(*logits, lp);
-      result.nll_sum -= lp[id];
-      ++result.scored;
-      if (base_session) {
-        log_softmax(base_logits, base_lp);
-        double kl = 0.0;
-        for (std::size_t i = 0; i < lp.size(); ++i) kl += std::exp(base_lp[i]) * (base_lp[i] - lp[i]);
-        result.kl_sum += kl;
-        result.base_nll_sum -= base_lp[id];
-        result.top1_agree += argmax(lp) == argmax(base_lp);
-        ++result.compared;
+      COLIBRI_TRY(run(decoder, items, count));
+      if (base) COLIBRI_TRY(run(*base_decoder, base_items, count));
+      for (std::size_t i = 0; i < count; ++i) {
+        if (items[i].logits == nullptr) continue;
+        const std::int64_t target = chunk + static_cast<std::int64_t>(i) + 1;
+        const auto id = static_cast<std::size_t>(tokens[static_cast<std::size_t>(target)]);
+        log_softmax(std::span<const float>(items[i].logits, vocab), lp);
+        result.nll_sum -= lp[id];
+        ++result.scored;
+        if (base) {
+          log_softmax(std::span<const float>(base_items[i].logits, vocab), base_lp);
+          double kl = 0.0;
+          for (std::size_t v = 0; v < lp.size(); ++v) kl += std::exp(base_lp[v]) * (base_lp[v] - lp[v]);
+          result.kl_sum += kl;
+          result.base_nll_sum -= base_lp[id];
+          result.top1_agree += argmax(lp) == argmax(base_lp);
+          ++result.compared;
+        }
+        scored_until = target;
       }
-      scored_until = target;
     }
     if (options.progress) options.progress(result.scored, total_to_score);
     if (end == n) break;

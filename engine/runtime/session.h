@@ -40,20 +40,39 @@ struct ActivationModes {
 using TensorHook = std::function<void(std::string_view name, std::int32_t layer,
                                       std::int32_t position, std::span<const float> values)>;
 
+class BatchDecoder;
+struct BatchItem;
+
 class Session {
  public:
   // max_context: positions the KV cache holds; 0 means the model's maximum,
   // capped at kDefaultMaxContext.
   static constexpr std::int32_t kDefaultMaxContext = 4096;
-  // team: threads that split every large matrix-vector product (and the
-  // attention heads) by rows; null runs everything on the calling thread. The
-  // team must outlive the session and serve one decode at a time. Logits are
-  // bit-identical for any team size.
-  Session(std::shared_ptr<const Model> model, std::int32_t max_context = 0, ThreadTeam* team = nullptr);
+  // Tokens prefill() runs through the layers together.
+  static constexpr std::int32_t kDefaultPrefillBatch = 32;
+  // team: threads that split every large matrix product (and the attention
+  // heads) by rows; null runs everything on the calling thread. The team must
+  // outlive the session and serve one decode at a time. Logits are
+  // bit-identical for any team size. prefill_batch: tokens per pass of
+  // prefill() (>= 1; its buffers are allocated here). A session stepped only
+  // by a BatchDecoder (see batch_decoder.h) can take 1.
+  Session(std::shared_ptr<const Model> model, std::int32_t max_context = 0, ThreadTeam* team = nullptr,
+          std::int32_t prefill_batch = kDefaultPrefillBatch);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   // Feeds one token at the next position and returns the logits predicting the
-  // token after it (valid until the next call).
+  // token after it (valid until the next call). The batched forward pass
+  // (batch_decoder.h) with a batch of one.
   Result<std::span<const float>> decode(std::int32_t token);
+  // Feeds all of `tokens` (at least one) at the next positions, prefill_batch
+  // at a time through the layers, and returns the logits after the last
+  // (valid until the next call). Bit-identical to decoding them one by one.
+  // Nothing is fed when a token is invalid or the tokens do not fit in the
+  // context; if the forward pass fails (a router producing NaN), the chunks
+  // before the failing one stay fed.
+  Result<std::span<const float>> prefill(std::span<const std::int32_t> tokens);
 
   std::int32_t position() const { return position_; }
   std::int32_t max_context() const { return max_context_; }
@@ -61,71 +80,31 @@ class Session {
   // Takes effect from the next decode.
   void set_activation_modes(const ActivationModes& modes) { modes_ = modes; }
   const ActivationModes& activation_modes() const { return modes_; }
+  // Called from the thread that runs the forward pass, for each token.
   void set_tensor_hook(TensorHook hook) { hook_ = std::move(hook); }
   const Model& model() const { return *model_; }
 
  private:
-  // One matrix-vector product of a batch that runs as a single team job.
-  struct MatvecTask {
-    const Matrix* w = nullptr;
-    const float* x = nullptr;
-    const kernels::ActivationQ8* xq = nullptr;
-    float* y = nullptr;
-  };
-
-  void attention(std::int32_t layer);
-  void attention_heads(std::int32_t layer, std::int32_t head_begin, std::int32_t head_end, float* scores);
-  Status moe_ffn(std::int32_t layer);
-  // Runs `count` SwiGLU blocks on xn_, block i writing outs[i] ([hidden]), in
-  // two team jobs (all gate+up, then all down). `extra` (may be null) joins
-  // the first job: the shared expert's gate.
-  void ffn_blocks(const FfnWeights* const* ffns, std::int32_t count, float* const* outs,
-                  const MatvecTask* extra);
-  void run_matvecs(const MatvecTask* tasks, std::int32_t count);
-  // xn_ quantized for w's group, or null when w takes f32 activations. Cached
-  // until xn_ changes (xn_q_valid_ = 0).
-  const kernels::ActivationQ8* quantized_xn(const Matrix& w, ActivationMode mode);
-  void emit(std::string_view name, std::int32_t layer, const float* data, std::int32_t n) const;
+  // The forward pass reads and writes the KV cache and position directly.
+  friend class BatchDecoder;
 
   std::shared_ptr<const Model> model_;
   std::int32_t max_context_ = 0;
   std::int32_t position_ = 0;
   TensorHook hook_;
-  ThreadTeam* team_ = nullptr;
   ActivationModes modes_;
 
   // KV cache: [layer][position][n_kv_heads * head_dim]
   std::vector<float> key_cache_;
   std::vector<float> value_cache_;
-
-  // Per-token scratch.
-  std::vector<float> x_;          // [hidden] residual stream
-  std::vector<float> xn_;         // [hidden] normalised input of a block
-  std::vector<float> q_;          // [n_heads * head_dim]
-  std::vector<float> attn_out_;   // [n_heads * head_dim]
-  std::vector<float> scores_;     // [max_context]
-  std::vector<float> block_out_;  // [hidden]
-  std::vector<float> ffn_gate_;   // [top_k + 1][max ff]: a slice per FFN block of a layer
-  std::vector<float> ffn_up_;     // [top_k + 1][max ff]
-  std::vector<float> ffn_out_;    // [top_k + 1][hidden]
-  std::int32_t max_ff_ = 0;
-  std::vector<float> router_logits_;  // [n_experts]
-  std::vector<float> router_;         // [n_experts] probabilities
-  std::vector<std::int32_t> chosen_;
-  std::vector<float> chosen_weight_;
-  std::vector<float> logits_;     // [vocab]
-
-  // int8 activations (kernels.h): xn_ for up to three (group, mode) pairs,
-  // attn_out_, and each FFN block's hidden vector.
-  kernels::ActivationQ8 xn_q_[3];
-  std::int32_t xn_q_valid_ = 0;
-  kernels::ActivationQ8 attn_q_;
-  std::vector<kernels::ActivationQ8> hidden_q_;  // [top_k + 1]
-  // Batches of matrix-vector products; sized at construction.
-  std::vector<const FfnWeights*> block_ffns_;    // [top_k + 1]
-  std::vector<float*> block_outs_;               // [top_k + 1]
-  std::vector<MatvecTask> tasks_;                // [2 * (top_k + 1) + 1]
-  std::vector<std::int32_t> task_offsets_;       // [tasks_.size() + 1]
+  std::vector<float> logits_;  // [vocab]
+  // This session's own forward pass, for decode() and prefill().
+  std::unique_ptr<BatchDecoder> decoder_;
+  std::vector<BatchItem> items_;  // [decoder capacity]
+  // Scratch of BatchDecoder::step while it validates a batch: the position of
+  // this session's next item, and whether one of its items failed.
+  std::int32_t batch_next_ = 0;
+  bool batch_broken_ = false;
 };
 
 }  // namespace colibri

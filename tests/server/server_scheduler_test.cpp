@@ -59,13 +59,27 @@ class SchedulerTest : public ::testing::Test {
 std::shared_ptr<const Model> SchedulerTest::model_;
 
 TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
+  // Each step is one batched forward pass over every session's token and a
+  // prompt chunk; each request must still give exactly what generate() gives
+  // it alone (its logits are bit-identical whatever they are batched with).
   const std::vector<std::int32_t> prompt = {39, 68, 423, 78, 278, 260};
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    // Different prompt lengths so the sessions are at different positions in every step.
+    std::vector<std::int32_t> p = prompt;
+    for (int j = 0; j < i; ++j) p.insert(p.begin(), static_cast<std::int32_t>(100 + i + j));
+    prompts.push_back(p);
+  }
   GenerateOptions options;
   options.max_tokens = 40;
   options.ignore_eos = true;
-  Session session(model_, 256);
-  auto alone = generate(session, prompt, options, {});
-  ASSERT_TRUE(alone.ok());
+  std::vector<GenerateOutput> alone;
+  for (const auto& p : prompts) {
+    Session session(model_, 256);
+    auto out = generate(session, p, options, {});
+    ASSERT_TRUE(out.ok());
+    alone.push_back(*out);
+  }
 
   Metrics metrics;
   SchedulerOptions scheduler_options;
@@ -75,20 +89,22 @@ TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
   Scheduler scheduler(model_, scheduler_options, metrics);
   scheduler.start();
   std::vector<std::shared_ptr<StreamChannel>> channels;
-  for (int i = 0; i < 4; ++i) {
-    // Different prompt lengths so the sessions are at different positions in every step.
-    std::vector<std::int32_t> p = prompt;
-    if (i > 0) p.insert(p.begin(), static_cast<std::int32_t>(100 + i));
-    auto channel = scheduler.submit(job(i == 0 ? prompt : p, 40));
+  for (const auto& p : prompts) {
+    auto channel = scheduler.submit(job(p, 40));
     ASSERT_TRUE(channel.ok());
     channels.push_back(*channel);
   }
-  auto first = drain(*channels[0]);
-  EXPECT_EQ(first.tokens, alone->tokens);
-  EXPECT_EQ(first.text, alone->text);
-  EXPECT_EQ(first.result.finish, Finish::Length);
-  for (int i = 1; i < 4; ++i) EXPECT_EQ(drain(*channels[static_cast<std::size_t>(i)]).tokens.size(), 40u);
+  std::uint64_t prompt_tokens = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(i);
+    auto got = drain(*channels[i]);
+    EXPECT_EQ(got.tokens, alone[i].tokens);
+    EXPECT_EQ(got.text, alone[i].text);
+    EXPECT_EQ(got.result.finish, Finish::Length);
+    prompt_tokens += prompts[i].size();
+  }
   EXPECT_GT(metrics.batch_size.count(), 0u);
+  EXPECT_EQ(metrics.prompt_tokens.value(), prompt_tokens);
   scheduler.stop();
 }
 

@@ -1,0 +1,156 @@
+// The batched forward pass: one pass over the layers for a batch of (session,
+// token) items, so every weight matrix -- and every expert that any item
+// routes to -- is read once for the whole batch instead of once per token.
+// Prefill (consecutive tokens of one session) and batched decode (one token of
+// each of several sessions) are the same thing here; Session::decode is a
+// batch of one. A token's logits are bit-identical whatever it is batched with
+// (kernels::matmat is bit-identical per vector to matvec, and everything else
+// runs per item in the same order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/result.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "runtime/session.h"
+
+namespace colibri {
+
+class ThreadTeam;
+
+struct BatchItem {
+  Session* session = nullptr;
+  std::int32_t token = 0;
+  // Receives the logits predicting the token after this one ([vocab]); null
+  // when they are not needed (all but the last token of a prompt).
+  float* logits = nullptr;
+  // Set by BatchDecoder::step: Ok, or why this item was not fed.
+  Status status;
+};
+
+class BatchDecoder {
+ public:
+  // capacity: most items per step (>= 1). max_context: the longest session
+  // context the decoder serves (0: the model's maximum capped at
+  // Session::kDefaultMaxContext, as Session does). team: splits each matrix
+  // product by rows and attention by (item, head); null runs on the calling
+  // thread. All buffers are allocated here; step() allocates nothing.
+  BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capacity, ThreadTeam* team = nullptr,
+               std::int32_t max_context = 0);
+  ~BatchDecoder();
+  BatchDecoder(const BatchDecoder&) = delete;
+  BatchDecoder& operator=(const BatchDecoder&) = delete;
+
+  std::int32_t capacity() const { return capacity_; }
+  std::int32_t max_context() const { return max_context_; }
+
+  // Feeds every item's token to its session at the session's next position;
+  // several items of one session are consecutive positions in span order
+  // (a prompt chunk) and see each other causally. Fails as a whole (nothing
+  // fed) only when there are more items than the capacity. Otherwise each
+  // item's status says whether it was fed:
+  //  - an invalid item (null or foreign session, token outside the
+  //    vocabulary, context full) fails alone, and so do the items after it of
+  //    the same session (their positions would be wrong);
+  //  - a failure inside the forward pass (a router producing NaN) fails every
+  //    item of that session in this step.
+  // Each session's position advances by its items that were fed.
+  Status step(std::span<BatchItem> items);
+
+ private:
+  // One matrix times several vectors: one matmat, part of a team job.
+  struct MatmatTask {
+    const Matrix* w = nullptr;
+    std::int32_t n = 0;
+    const float* const* x = nullptr;
+    const kernels::ActivationQ8* const* xq = nullptr;
+    float* const* y = nullptr;
+  };
+  // An item that passed validation, as the forward pass sees it.
+  struct Slot {
+    Session* session = nullptr;
+    std::int32_t token = 0;
+    std::int32_t position = 0;
+    float* logits = nullptr;
+    bool failed = false;  // the forward pass failed for this slot's session
+    Status error;         // why, when failed
+  };
+
+  // The forward pass over slots_[0, n_).
+  void forward();
+  // Marks every slot of slot s's session failed with `error`.
+  void fail_session(std::int32_t s, const Status& error);
+  void attention(std::int32_t layer);
+  void attention_unit(std::int32_t layer, std::int32_t unit, float* scores);
+  void moe_ffn(std::int32_t layer);
+  void dense_ffn(std::int32_t layer);
+  // Every read of a routed expert's weights goes through here. An expert store
+  // with bounded memory (experts paged in on demand) hooks in at this point.
+  const FfnWeights& expert_weights(std::int32_t layer, std::int32_t expert) const;
+  // Runs `count` tasks as one team job: their rows laid end to end, each
+  // padded to a whole number of 16-row grains.
+  void run_matmats(const MatmatTask* tasks, std::int32_t count);
+  // Pointer arrays for tasks, taken from pools reset by begin_tasks().
+  void begin_tasks();
+  const float** take_x(std::int32_t n);
+  const kernels::ActivationQ8** take_xq(std::int32_t n);
+  float** take_y(std::int32_t n);
+  // Slot s's normalised input (xn) quantized for w's group in `mode`, or null
+  // when w takes f32 activations; cached per slot until xn changes.
+  const kernels::ActivationQ8* quantized_xn(std::int32_t s, const Matrix& w, ActivationMode mode);
+  void emit(std::int32_t s, const char* name, std::int32_t layer, const float* data, std::int32_t n) const;
+  float* row(std::vector<float>& buffer, std::int32_t s, std::int32_t width) {
+    return buffer.data() + static_cast<std::size_t>(s) * static_cast<std::size_t>(width);
+  }
+
+  std::shared_ptr<const Model> model_;
+  std::int32_t capacity_ = 0;
+  std::int32_t max_context_ = 0;
+  ThreadTeam* team_ = nullptr;
+  std::int32_t blocks_ = 0;  // FFN blocks per slot and layer: top_k routed + 1 shared (or 1 dense)
+  std::int32_t max_ff_ = 0;
+
+  std::vector<Slot> slots_;  // [capacity]
+  std::int32_t n_ = 0;
+
+  // Per-slot activations, [capacity][width] each.
+  std::vector<float> x_, xn_, block_out_;  // hidden
+  std::vector<float> q_, attn_out_;        // n_heads * head_dim
+  std::vector<float*> k_row_, v_row_;      // this layer's cache rows of each slot
+  std::vector<float> ffn_gate_, ffn_up_;   // [capacity][blocks][max_ff]
+  std::vector<float> ffn_out_;             // [capacity][blocks][hidden]
+  std::vector<float> router_logits_;       // [capacity][n_experts]
+  std::vector<float> router_probs_;        // [n_experts]: route_top_k scratch, one slot at a time
+  std::vector<std::int32_t> chosen_;       // [capacity][top_k]
+  std::vector<float> chosen_weight_;       // [capacity][top_k]
+  std::vector<float> shared_gate_;         // [capacity]
+  std::vector<float> scores_;              // [max_context]: attention without a team
+
+  // int8 activations: xn in up to three (group, mode) pairs per slot, the
+  // attention output, each FFN block's hidden vector.
+  std::vector<kernels::ActivationQ8> xn_q_;      // [capacity][3]
+  std::vector<std::int32_t> xn_q_valid_;         // [capacity]
+  std::vector<kernels::ActivationQ8> attn_q_;    // [capacity]
+  std::vector<kernels::ActivationQ8> hidden_q_;  // [capacity][blocks]
+
+  // Grouping of (slot, top-k rank) pairs by expert: a counting sort.
+  std::vector<std::int32_t> expert_count_;  // [n_experts]
+  std::vector<std::int32_t> expert_start_;  // [n_experts + 1]
+  std::vector<std::int32_t> expert_fill_;   // [n_experts]
+  std::vector<std::int32_t> routed_;        // [capacity * top_k]: slot * top_k + rank, grouped by expert
+
+  // Team jobs: tasks and their pointer arrays.
+  std::vector<MatmatTask> tasks_;
+  std::vector<std::int32_t> task_offsets_;
+  std::vector<const float*> pool_x_;
+  std::vector<const kernels::ActivationQ8*> pool_xq_;
+  std::vector<float*> pool_y_;
+  std::size_t used_x_ = 0, used_xq_ = 0, used_y_ = 0;
+  std::vector<std::int32_t> logit_slots_;  // [capacity]
+};
+
+}  // namespace colibri

@@ -1,0 +1,252 @@
+// The batched forward pass: a token's logits are bit-identical whether it is
+// decoded alone, prefilled with the rest of its prompt, or batched with other
+// sessions' tokens (different prompts, positions and activation modes), with
+// and without a thread team, for f32 and int8 models; per-item failures stay
+// with their item.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "format/checkpoint.h"
+#include "format/colibri_writer.h"
+#include "model/model.h"
+#include "runtime/batch_decoder.h"
+#include "runtime/session.h"
+#include "runtime/thread_team.h"
+
+namespace colibri {
+namespace {
+
+using Logits = std::vector<std::vector<float>>;  // one row per position
+
+std::filesystem::path fixture_dir(const std::string& name) {
+  return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / name;
+}
+
+std::vector<std::vector<std::int32_t>> prompts_of(const std::string& fixture) {
+  std::ifstream in(fixture_dir(fixture) / "reference.json");
+  const nlohmann::json reference = nlohmann::json::parse(in);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& prompt : reference["prompts"])
+    prompts.push_back(prompt["tokens"].get<std::vector<std::int32_t>>());
+  return prompts;
+}
+
+ActivationModes all(ActivationMode mode) { return {mode, mode, mode, mode, mode, mode}; }
+
+class BatchDecoderTest : public ::testing::Test {
+ protected:
+  static std::filesystem::path temp_dir() {
+    return std::filesystem::temp_directory_path() / ("colibri-batch-" + std::to_string(::getpid()));
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(temp_dir()); }
+
+  static std::shared_ptr<const Model> load(const std::string& fixture, const std::string& scheme) {
+    std::filesystem::path path = fixture_dir(fixture);
+    if (scheme != "f32") {
+      std::filesystem::create_directories(temp_dir());
+      path = temp_dir() / (fixture + "-" + scheme + ".colibri");
+      auto checkpoint = open_checkpoint(fixture_dir(fixture));
+      EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
+      ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
+                         checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
+      auto status = write_colibri(path, input, *quant_scheme(scheme));
+      EXPECT_TRUE(status.ok()) << status.error().message;
+    }
+    auto model = Model::load(path);
+    EXPECT_TRUE(model.ok()) << model.error().message;
+    return model.ok() ? *model : nullptr;
+  }
+
+  // (a) The reference: every token decoded on its own.
+  static Logits sequential(const std::shared_ptr<const Model>& model, const std::vector<std::int32_t>& tokens,
+                           const ActivationModes& modes) {
+    Session session(model);
+    session.set_activation_modes(modes);
+    Logits out;
+    for (std::int32_t token : tokens) {
+      auto logits = session.decode(token);
+      EXPECT_TRUE(logits.ok()) << logits.error().message;
+      if (!logits.ok()) break;
+      out.emplace_back(logits->begin(), logits->end());
+    }
+    return out;
+  }
+};
+
+TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
+  ThreadTeam two(2);
+  for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"}) {
+    const auto prompts = prompts_of(fixture);
+    ASSERT_EQ(prompts.size(), 3u);
+    for (const char* scheme : {"f32", "int8"}) {
+      SCOPED_TRACE(testing::Message() << fixture << " " << scheme);
+      auto model = load(fixture, scheme);
+      ASSERT_NE(model, nullptr);
+      const std::int32_t vocab = model->config().vocab;
+      // With int8 weights the third session takes other activation modes than
+      // the others: a batch mixes them per item.
+      const bool quantized = std::string(scheme) != "f32";
+      const ActivationModes modes[3] = {ActivationModes{}, ActivationModes{},
+                                        quantized ? all(ActivationMode::Int8) : ActivationModes{}};
+      Logits expected[3];
+      for (int p = 0; p < 3; ++p) expected[p] = sequential(model, prompts[static_cast<std::size_t>(p)], modes[p]);
+
+      for (ThreadTeam* team : {static_cast<ThreadTeam*>(nullptr), &two}) {
+        SCOPED_TRACE(team == nullptr ? "no team" : "team of 2");
+        for (int p = 0; p < 3; ++p) {
+          const auto& prompt = prompts[static_cast<std::size_t>(p)];
+          // (b) Session::prefill, in chunks of 5 and of the default size: the
+          // logits after the last token.
+          for (std::int32_t chunk : {5, Session::kDefaultPrefillBatch}) {
+            Session session(model, 0, team, chunk);
+            session.set_activation_modes(modes[p]);
+            auto logits = session.prefill(prompt);
+            ASSERT_TRUE(logits.ok()) << logits.error().message;
+            EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), expected[p].back()) << "chunk " << chunk;
+            EXPECT_EQ(session.position(), static_cast<std::int32_t>(prompt.size()));
+            // Decoding on after a prefill continues the same sequence.
+            auto next = session.decode(prompt.front());
+            ASSERT_TRUE(next.ok());
+            Logits extended = sequential(model, [&] {
+              auto t = prompt;
+              t.push_back(prompt.front());
+              return t;
+            }(), modes[p]);
+            EXPECT_EQ(std::vector<float>(next->begin(), next->end()), extended.back());
+          }
+        }
+
+        // (c) Three sessions stepped together: session p feeds p + 1 tokens
+        // per step (so a step mixes decode-like and prefill-like items), every
+        // item asking for its logits.
+        BatchDecoder decoder(model, 6, team);
+        std::vector<std::unique_ptr<Session>> sessions;
+        for (int p = 0; p < 3; ++p) {
+          sessions.push_back(std::make_unique<Session>(model, 0, nullptr, 1));
+          sessions.back()->set_activation_modes(modes[p]);
+        }
+        Logits got[3];
+        std::vector<std::vector<float>> buffers(6, std::vector<float>(static_cast<std::size_t>(vocab)));
+        std::vector<BatchItem> items;
+        std::vector<int> owner;
+        std::size_t fed[3] = {0, 0, 0};
+        for (;;) {
+          items.clear();
+          owner.clear();
+          for (int p = 0; p < 3; ++p) {
+            const auto& prompt = prompts[static_cast<std::size_t>(p)];
+            for (int i = 0; i <= p && fed[p] < prompt.size(); ++i, ++fed[p]) {
+              items.push_back({sessions[static_cast<std::size_t>(p)].get(), prompt[fed[p]],
+                               buffers[items.size()].data(), Status::Ok()});
+              owner.push_back(p);
+            }
+          }
+          if (items.empty()) break;
+          ASSERT_TRUE(decoder.step(items).ok());
+          for (std::size_t i = 0; i < items.size(); ++i) {
+            ASSERT_TRUE(items[i].status.ok()) << items[i].status.error().message;
+            got[owner[i]].push_back(buffers[i]);
+          }
+        }
+        for (int p = 0; p < 3; ++p) {
+          EXPECT_EQ(sessions[static_cast<std::size_t>(p)]->position(),
+                    static_cast<std::int32_t>(prompts[static_cast<std::size_t>(p)].size()));
+          ASSERT_EQ(got[p].size(), expected[p].size());
+          for (std::size_t pos = 0; pos < got[p].size(); ++pos)
+            ASSERT_EQ(got[p][pos], expected[p][pos]) << "session " << p << " position " << pos;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(BatchDecoderTest, AFailingItemFailsAloneAndFeedsNothing) {
+  auto model = load("qwen3moe-tiny", "f32");
+  ASSERT_NE(model, nullptr);
+  const auto prompt = prompts_of("qwen3moe-tiny").front();
+  const std::int32_t vocab = model->config().vocab;
+  const Logits expected = sequential(model, {prompt[0], prompt[1]}, ActivationModes{});
+
+  Session good(model, 0, nullptr, 1), bad_token(model, 0, nullptr, 1), full(model, 2, nullptr, 1);
+  ASSERT_TRUE(full.decode(prompt[0]).ok());
+  ASSERT_TRUE(full.decode(prompt[1]).ok());
+  std::vector<float> a(static_cast<std::size_t>(vocab)), b(a.size()), c(a.size()), d(a.size());
+  BatchDecoder decoder(model, 6);
+  std::vector<BatchItem> items = {
+      {&good, prompt[0], a.data(), Status::Ok()},
+      {&bad_token, vocab, nullptr, Status::Ok()},       // outside the vocabulary
+      {&bad_token, prompt[1], b.data(), Status::Ok()},  // after a failed item of its session
+      {&full, prompt[2], c.data(), Status::Ok()},       // context full
+      {nullptr, prompt[0], nullptr, Status::Ok()},
+      {&good, prompt[1], d.data(), Status::Ok()},
+  };
+  ASSERT_TRUE(decoder.step(items).ok());
+  ASSERT_TRUE(items[0].status.ok());
+  ASSERT_TRUE(items[5].status.ok());
+  EXPECT_EQ(a, expected[0]);
+  EXPECT_EQ(d, expected[1]);
+  EXPECT_EQ(good.position(), 2);
+  ASSERT_FALSE(items[1].status.ok());
+  EXPECT_NE(items[1].status.error().message.find("outside the vocabulary"), std::string::npos);
+  ASSERT_FALSE(items[2].status.ok());
+  EXPECT_NE(items[2].status.error().message.find("earlier token of this session"), std::string::npos);
+  EXPECT_EQ(bad_token.position(), 0);
+  ASSERT_FALSE(items[3].status.ok());
+  EXPECT_NE(items[3].status.error().message.find("context is full"), std::string::npos);
+  EXPECT_EQ(full.position(), 2);
+  EXPECT_FALSE(items[4].status.ok());
+
+  // More items than the capacity: nothing runs.
+  std::vector<BatchItem> too_many(7, BatchItem{&good, prompt[0], nullptr, Status::Ok()});
+  auto status = decoder.step(too_many);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("capacity"), std::string::npos);
+  EXPECT_EQ(good.position(), 2);
+}
+
+TEST_F(BatchDecoderTest, PrefillRejectsBadInputWithoutFeeding) {
+  auto model = load("mixtral-tiny", "f32");
+  ASSERT_NE(model, nullptr);
+  Session session(model, 8);
+  const std::vector<std::int32_t> bad = {1, 2, model->config().vocab, 3};
+  auto r = session.prefill(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("prompt index 2"), std::string::npos);
+  EXPECT_FALSE(session.prefill(std::vector<std::int32_t>(9, 1)).ok());  // does not fit in 8 positions
+  EXPECT_FALSE(session.prefill({}).ok());
+  EXPECT_EQ(session.position(), 0);
+}
+
+TEST_F(BatchDecoderTest, TensorHookSeesEachItemAtItsOwnPosition) {
+  auto model = load("olmoe-tiny", "f32");
+  ASSERT_NE(model, nullptr);
+  const auto prompt = prompts_of("olmoe-tiny").front();
+  // The hook of a prefill sees what a token-by-token decode sees.
+  auto record = [&](bool prefill) {
+    std::vector<std::pair<std::int32_t, std::vector<float>>> seen;
+    Session session(model, 0, nullptr, 4);
+    session.set_tensor_hook([&](std::string_view name, std::int32_t layer, std::int32_t position,
+                                std::span<const float> values) {
+      if (name == "layer_out" && layer == 0) seen.emplace_back(position, std::vector<float>(values.begin(), values.end()));
+    });
+    const std::vector<std::int32_t> tokens(prompt.begin(), prompt.begin() + 10);
+    if (prefill) {
+      EXPECT_TRUE(session.prefill(tokens).ok());
+    } else {
+      for (std::int32_t t : tokens) EXPECT_TRUE(session.decode(t).ok());
+    }
+    return seen;
+  };
+  const auto decoded = record(false);
+  ASSERT_EQ(decoded.size(), 10u);
+  for (std::int32_t i = 0; i < 10; ++i) EXPECT_EQ(decoded[static_cast<std::size_t>(i)].first, i);
+  EXPECT_EQ(record(true), decoded);
+}
+
+}  // namespace
+}  // namespace colibri
