@@ -1,8 +1,23 @@
-// The read loop that defines "memory bandwidth" for the kernel benchmarks:
-// 512-bit loads into eight independent accumulators, so nothing but the memory
-// system limits it. Only that one function is compiled for AVX-512 (a target
-// attribute) and it runs after a CPU check; the fallback is portable.
+// The read loop that defines "memory bandwidth": 512-bit (or 256-bit) loads
+// into eight independent accumulators, so nothing but the memory system limits
+// it. Only those functions are compiled for AVX-512/AVX2 (target attributes)
+// and they run after a CPU check; the fallback is portable. Plain aligned
+// loads: on ordinary write-back memory a non-temporal load (vmovntdqa) is the
+// same instruction as far as the memory system is concerned, and the hardware
+// prefetchers already stream a linear walk.
 #include "read_bandwidth.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -12,7 +27,6 @@ namespace colibri::bench {
 
 #if defined(__x86_64__)
 namespace {
-// Bytes must be a multiple of 512 and data 64-byte aligned.
 __attribute__((target("avx512f"))) std::uint64_t read_avx512(const std::byte* data, std::size_t bytes) {
   __m512i acc[8];
   for (auto& a : acc) a = _mm512_setzero_si512();
@@ -24,18 +38,124 @@ __attribute__((target("avx512f"))) std::uint64_t read_avx512(const std::byte* da
   _mm512_store_si512(lanes, acc[0]);
   return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3] ^ lanes[4] ^ lanes[5] ^ lanes[6] ^ lanes[7];
 }
+
+__attribute__((target("avx2"))) std::uint64_t read_avx2(const std::byte* data, std::size_t bytes) {
+  __m256i acc[8];
+  for (auto& a : acc) a = _mm256_setzero_si256();
+  for (std::size_t i = 0; i < bytes; i += 256)
+    for (int k = 0; k < 8; ++k)
+      acc[k] = _mm256_xor_si256(acc[k], _mm256_load_si256(reinterpret_cast<const __m256i*>(data + i + 32 * k)));
+  for (int k = 1; k < 8; ++k) acc[0] = _mm256_xor_si256(acc[0], acc[k]);
+  alignas(32) std::uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
+  return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+}
 }  // namespace
 #endif
+
+const char* read_isa() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return "avx512";
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+#endif
+  return "scalar";
+}
 
 std::uint64_t read_bytes(const std::byte* data, std::size_t bytes) {
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) return read_avx512(data, bytes);
+  if (__builtin_cpu_supports("avx2")) return read_avx2(data, bytes);
 #endif
   std::uint64_t acc[8] = {};
   const auto* words = reinterpret_cast<const std::uint64_t*>(data);
   for (std::size_t i = 0; i < bytes / 8; i += 8)
     for (int k = 0; k < 8; ++k) acc[k] ^= words[i + k];
   return acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7];
+}
+
+std::size_t default_read_buffer_bytes() {
+  long llc = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  const std::size_t want = llc > 0 ? 4 * static_cast<std::size_t>(llc) : 0;
+  return std::clamp<std::size_t>(want, std::size_t{512} << 20, std::size_t{2} << 30);
+}
+
+ReadBandwidth measure_memory_bandwidth(std::int32_t threads, std::span<const std::int32_t> cores,
+                                     std::size_t buffer_bytes, std::int32_t passes) {
+  threads = std::max<std::int32_t>(1, threads);
+  passes = std::max<std::int32_t>(1, passes);
+  constexpr std::size_t kSliceAlign = 4096;
+  const std::size_t slice = std::max<std::size_t>(buffer_bytes / static_cast<std::size_t>(threads) / kSliceAlign, 1) *
+                            kSliceAlign;
+  ReadBandwidth result;
+  result.buffer_bytes = slice * static_cast<std::size_t>(threads);
+  result.threads = threads;
+  result.passes = passes;
+  result.isa = read_isa();
+
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> buffer(static_cast<std::byte*>(std::aligned_alloc(kSliceAlign, result.buffer_bytes)));
+  if (!buffer) return result;
+
+  std::barrier sync(threads);
+  std::vector<double> seconds(static_cast<std::size_t>(passes) + 1);
+  std::vector<std::uint64_t> sinks(static_cast<std::size_t>(threads));
+  std::vector<std::string> errors(static_cast<std::size_t>(threads));
+  auto member = [&](std::int32_t index) {
+    if (!cores.empty()) {
+      const std::int32_t core = cores[static_cast<std::size_t>(index) % cores.size()];
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      int error = EINVAL;
+      if (core >= 0 && core < CPU_SETSIZE) {
+        CPU_SET(core, &set);
+        error = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+      }
+      if (error != 0)
+        errors[static_cast<std::size_t>(index)] =
+            "read-bandwidth thread " + std::to_string(index) + " not pinned to core " + std::to_string(core) + ": " +
+            std::strerror(error);
+    }
+    std::byte* mine = buffer.get() + slice * static_cast<std::size_t>(index);
+    std::memset(mine, index + 1, slice);  // first touch by the reader: local pages
+    std::uint64_t sink = 0;
+    for (std::int32_t pass = 0; pass <= passes; ++pass) {
+      sync.arrive_and_wait();
+      const auto start = std::chrono::steady_clock::now();
+      sink ^= read_bytes(mine, slice / 512 * 512);
+      sync.arrive_and_wait();
+      if (index == 0)
+        seconds[static_cast<std::size_t>(pass)] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    sinks[static_cast<std::size_t>(index)] = sink;
+  };
+  // The caller's own affinity is restored afterwards: it may be a thread the
+  // rest of the program pins differently.
+  cpu_set_t saved;
+  const bool restore = pthread_getaffinity_np(pthread_self(), sizeof saved, &saved) == 0;
+  std::vector<std::thread> others;
+  for (std::int32_t i = 1; i < threads; ++i) others.emplace_back(member, i);
+  member(0);
+  for (std::thread& t : others) t.join();
+  if (restore) pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+
+  std::vector<double> timed(seconds.begin() + 1, seconds.end());  // pass 0 warms up
+  std::sort(timed.begin(), timed.end());
+  const auto bytes_read = static_cast<double>(slice / 512 * 512 * static_cast<std::size_t>(threads));
+  result.best = bytes_read / timed.front();
+  result.median = bytes_read / timed[timed.size() / 2];
+  for (std::string& e : errors)
+    if (!e.empty()) result.pin_errors.push_back(std::move(e));
+  // Every byte feeds the sinks; publishing them keeps the reads alive.
+  std::uint64_t all = 0;
+  for (std::uint64_t s : sinks) all ^= s;
+  asm volatile("" : : "r"(all) : "memory");
+  return result;
 }
 
 }  // namespace colibri::bench

@@ -1,7 +1,12 @@
+// How fast this machine reads memory: the denominator of every roofline
+// figure (kernel benchmarks, colibri-bench).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
 namespace colibri::bench {
 
@@ -9,5 +14,29 @@ namespace colibri::bench {
 // value depending on every byte (so the reads cannot be elided). data: 64-byte
 // aligned; bytes: a multiple of 512.
 std::uint64_t read_bytes(const std::byte* data, std::size_t bytes);
+// "avx512", "avx2" or "scalar": the loop read_bytes runs on this CPU.
+const char* read_isa();
+
+struct ReadBandwidth {
+  double best = 0;    // bytes per second, fastest pass
+  double median = 0;  // bytes per second, median pass
+  std::size_t buffer_bytes = 0;
+  std::int32_t threads = 0;
+  std::int32_t passes = 0;
+  std::string isa;
+  std::vector<std::string> pin_errors;  // threads that could not be pinned
+};
+
+// `threads` threads (the caller is one), thread i pinned to cores[i %
+// cores.size()] when cores are given, each first touching and then reading its
+// own slice of a `buffer_bytes` buffer (choose it well above the last-level
+// cache), all starting together; a pass lasts until the slowest finishes.
+// One warm-up pass, then `passes` timed ones.
+ReadBandwidth measure_memory_bandwidth(std::int32_t threads, std::span<const std::int32_t> cores,
+                                     std::size_t buffer_bytes, std::int32_t passes);
+
+// A buffer size safely above the last-level cache: 4x its reported size,
+// at least 512 MiB and at most 2 GiB.
+std::size_t default_read_buffer_bytes();
 
 }  // namespace colibri::bench

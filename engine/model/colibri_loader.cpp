@@ -1,6 +1,11 @@
 // Model::load for .colibri files: map the file, validate its structure, and
 // point every weight view straight into the mapping.
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -17,8 +22,17 @@ class ColibriLoader {
   static Result<std::shared_ptr<const Model>> load(const std::filesystem::path& path,
                                                    const LoadOptions& options) {
     const std::string source = path.string();
+    // The descriptor is opened before the mapping and both are checked to be
+    // the same inode, so the expert store's preads read the bytes the views
+    // point at even if a new file is renamed over the path meanwhile.
+    FileHandle descriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!descriptor.valid()) return make_error("{}: cannot open: {}", source, std::strerror(errno));
     auto file = MappedFile::open(path);
     if (!file) return file.error();
+    struct stat opened {}, mapped {};
+    if (::fstat(descriptor.get(), &opened) != 0 || ::stat(path.c_str(), &mapped) != 0 ||
+        opened.st_ino != mapped.st_ino || opened.st_dev != mapped.st_dev)
+      return make_error("{}: the file was replaced while it was being loaded; load it again", source);
     auto image = parse_colibri(file->bytes(), source);
     if (!image) return image.error();
 
@@ -90,7 +104,12 @@ class ColibriLoader {
       model->weight_bytes_ += t.size;
     }
     if (tied) model->weights_.lm_head = model->weights_.embed;
+    model->expert_blocks_.reserve(image->experts.size());
+    for (const ColibriExpert& e : image->experts)
+      model->expert_blocks_.push_back({static_cast<std::int32_t>(e.layer), static_cast<std::int32_t>(e.expert),
+                                       image->header.data_offset + e.offset, e.size, e.checksum});
     model->mapping_ = std::move(file).value();
+    model->file_ = std::move(descriptor);
     return std::shared_ptr<const Model>(std::move(model));
   }
 };

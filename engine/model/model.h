@@ -2,18 +2,31 @@
 // shared by every session.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/mapped_file.h"
 #include "core/result.h"
+#include "model/file_handle.h"
 #include "model/model_config.h"
 #include "model/tensor_source.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
 namespace colibri {
+
+// One expert block of a .colibri file (docs/FORMAT.md, expert index), with
+// its offset from the start of the file rather than of the data region.
+struct ExpertBlockInfo {
+  std::int32_t layer = 0;
+  std::int32_t expert = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;
+};
 
 struct LoadOptions {
   // .colibri files: recompute every tensor and expert checksum before use
@@ -46,6 +59,14 @@ class Model {
   // Bytes of weights the model holds (mapped or in memory).
   std::size_t weight_bytes() const { return weight_bytes_; }
 
+  // .colibri files only (empty / -1 otherwise), for the expert store
+  // (engine/store/): the expert index, the mapping the weight views point
+  // into, and a read-only descriptor of the same file (the same inode as the
+  // mapping, so a file renamed over the path later does not change it).
+  const std::vector<ExpertBlockInfo>& expert_blocks() const { return expert_blocks_; }
+  std::span<const std::uint8_t> mapped_bytes() const { return mapping_.bytes(); }
+  int file_descriptor() const { return file_.get(); }
+
  private:
   static Result<std::shared_ptr<const Model>> load_colibri(const std::filesystem::path& path,
                                                            const LoadOptions& options);
@@ -61,6 +82,8 @@ class Model {
   std::size_t weight_bytes_ = 0;
   std::vector<float> storage_;  // checkpoints loaded as f32: views in weights_ point here
   MappedFile mapping_;          // .colibri files: views in weights_ point here
+  FileHandle file_;             // .colibri files: the mapped file, open for pread
+  std::vector<ExpertBlockInfo> expert_blocks_;
 };
 
 }  // namespace colibri

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +27,8 @@ namespace {
 constexpr auto kSpinBudget = std::chrono::microseconds(200);
 // How long an idle member sleeps between checks once spinning has not paid off.
 constexpr auto kSleepSlice = std::chrono::microseconds(50);
+
+pid_t current_tid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -53,19 +57,56 @@ bool spin_until(Ready ready) {
 ThreadTeam::ThreadTeam(std::int32_t threads, std::vector<std::int32_t> cores, std::size_t scratch_bytes)
     : size_(std::max<std::int32_t>(1, threads)), cores_(std::move(cores)) {
   scratch_.resize(static_cast<std::size_t>(size_));
-  reserve_scratch(scratch_bytes);
+  tids_.assign(static_cast<std::size_t>(size_), 0);
+  tids_[0] = current_tid();
+  scratch_bytes = std::max<std::size_t>(scratch_bytes, 64);
+  // Member 0 is whichever thread calls parallel_for, known only then: its
+  // arena is mapped here and left to be placed by its first write.
+  if (!make_scratch(0, scratch_bytes, false)) throw std::bad_alloc();
   workers_.reserve(static_cast<std::size_t>(size_ - 1));
-  for (std::int32_t member = 1; member < size_; ++member) {
-    workers_.emplace_back([this, member] { worker_main(member); });
-    if (!cores_.empty()) pin(workers_.back().native_handle(), member);
+  for (std::int32_t member = 1; member < size_; ++member)
+    workers_.emplace_back([this, member, scratch_bytes] {
+      // Pin first, then map and touch the scratch: its pages are placed on
+      // the node of the core the member will run on.
+      if (!cores_.empty()) pin(pthread_self(), member);
+      tids_[static_cast<std::size_t>(member)] = current_tid();
+      if (!make_scratch(member, scratch_bytes, true)) scratch_failed_.store(true, std::memory_order_relaxed);
+      started_.fetch_add(1, std::memory_order_release);
+      worker_main(member);
+    });
+  // Thread start-up is bounded; the scratch must exist before any job.
+  while (!spin_until([&] { return started_.load(std::memory_order_acquire) == size_ - 1; }))
+    std::this_thread::sleep_for(kSleepSlice);
+  if (scratch_failed_.load(std::memory_order_relaxed)) {
+    stop_workers();
+    throw std::bad_alloc();
   }
 }
 
-ThreadTeam::~ThreadTeam() {
+ThreadTeam::~ThreadTeam() { stop_workers(); }
+
+void ThreadTeam::stop_workers() {
   stop_.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_release);
-  for (std::thread& worker : workers_) worker.join();
-  for (Scratch& s : scratch_) ::operator delete(s.data, std::align_val_t{64});
+  for (std::thread& worker : workers_)
+    if (worker.joinable()) worker.join();
+}
+
+bool ThreadTeam::make_scratch(std::int32_t member, std::size_t bytes, bool touch) {
+  Scratch& s = scratch_[static_cast<std::size_t>(member)];
+  bytes = (bytes + 63) / 64 * 64;
+  if (s.arena.capacity() < bytes) {
+    auto arena = Arena::create(std::max(bytes, Arena::kHugePage));
+    if (!arena) return false;
+    s.arena = std::move(arena).value();
+    if (touch) s.arena.prefault();
+  }
+  s.arena.reset();
+  auto data = s.arena.allocate(bytes, 64);
+  if (!data) return false;
+  s.data = *data;
+  s.bytes = bytes;
+  return true;
 }
 
 bool ThreadTeam::pin(std::thread::native_handle_type thread, std::int32_t member) {
@@ -81,6 +122,7 @@ bool ThreadTeam::pin(std::thread::native_handle_type thread, std::int32_t member
   std::string message =
       fmt::format("could not pin thread-team member {} to core {}: {}", member, core, std::strerror(error));
   std::fprintf(stderr, "colibri: %s\n", message.c_str());
+  const std::lock_guard<std::mutex> lock(errors_mutex_);
   pin_errors_.push_back(std::move(message));
   return false;
 }
@@ -90,6 +132,7 @@ bool ThreadTeam::pin_caller() {
     pin_errors_.push_back("pin_caller: the team was given no cores");
     return false;
   }
+  tids_[0] = current_tid();
   return pin(pthread_self(), 0);
 }
 
@@ -106,13 +149,14 @@ std::span<std::byte> ThreadTeam::scratch(std::int32_t member) const {
 }
 
 void ThreadTeam::reserve_scratch(std::size_t bytes) {
-  bytes = (bytes + 63) / 64 * 64;
-  for (Scratch& s : scratch_) {
-    if (s.bytes >= bytes) continue;
-    ::operator delete(s.data, std::align_val_t{64});
-    s.data = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64}));
-    s.bytes = bytes;
+  for (std::int32_t member = 0; member < size_; ++member) {
+    if (scratch_[static_cast<std::size_t>(member)].bytes >= bytes) continue;
+    if (!make_scratch(member, bytes, false)) throw std::bad_alloc();
   }
+}
+
+const Arena& ThreadTeam::scratch_arena(std::int32_t member) const {
+  return scratch_[static_cast<std::size_t>(member)].arena;
 }
 
 void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {

@@ -5,6 +5,10 @@
 // few microseconds) and then poll with 50 us sleeps; no side ever blocks
 // without a bound.
 //
+// Each member's scratch buffer comes from its own Arena (core/arena.h): huge
+// pages where the system grants them, created and prefaulted by the member's
+// own thread after it pinned itself, so its pages sit on that core's node.
+//
 // parallel_for hands out row ranges dynamically from an atomic counter, which
 // keeps both cores busy even when another process takes one of them for a
 // while. The caller waits only for ranges that were claimed, never for a
@@ -18,11 +22,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/types.h>
+
+#include "core/arena.h"
 
 namespace colibri {
 
@@ -58,7 +67,17 @@ class ThreadTeam {
   // body running as that member.
   std::span<std::byte> scratch(std::int32_t member) const;
   // Grows every member's scratch to at least `bytes`. Not during parallel_for.
+  // Within the arena's capacity (at least 2 MiB) the buffer stays in the pages
+  // its member prefaulted; beyond it a larger arena is mapped by the caller and
+  // left untouched, so its pages land where the member first writes them.
   void reserve_scratch(std::size_t bytes);
+  // The arena member `member`'s scratch lives in: its page kind, capacity,
+  // huge-page backing.
+  const Arena& scratch_arena(std::int32_t member) const;
+
+  // Kernel thread ids of the members (for /proc/self/task/<tid>): [0] is the
+  // thread that constructed the team, or the last one that called pin_caller.
+  std::vector<pid_t> thread_ids() const { return tids_; }
 
   // Pins the calling thread to cores[0]. False (with a pin_errors entry) when
   // no cores were given or the pin failed.
@@ -71,6 +90,7 @@ class ThreadTeam {
  private:
   using Fn = void (*)(void* context, std::int32_t member, std::int32_t begin, std::int32_t end);
   struct Scratch {
+    Arena arena;
     std::byte* data = nullptr;
     std::size_t bytes = 0;
   };
@@ -79,12 +99,20 @@ class ThreadTeam {
   void work(std::int32_t member);
   void worker_main(std::int32_t member);
   bool pin(std::thread::native_handle_type thread, std::int32_t member);
+  // Maps member's arena (capacity for at least `bytes`) and takes its scratch
+  // from it; prefaulted on the calling thread when `touch`.
+  bool make_scratch(std::int32_t member, std::size_t bytes, bool touch);
+  void stop_workers();
 
   std::int32_t size_ = 1;
   std::vector<std::int32_t> cores_;
   std::vector<std::thread> workers_;
   std::vector<Scratch> scratch_;
   std::vector<std::string> pin_errors_;
+  std::mutex errors_mutex_;  // workers report pin failures while starting
+  std::vector<pid_t> tids_;
+  std::atomic<std::int32_t> started_{0};      // workers that have their scratch
+  std::atomic<bool> scratch_failed_{false};
 
   // The job. Written by the caller before it publishes the job's generation
   // in claim_ (release). A worker may read them late, racing the next job's

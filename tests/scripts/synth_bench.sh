@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# colibri-synth and colibri-bench end to end: a synthetic OLMoE-family file
+# (int8 and int4) verifies with colibri-inspect, is the same for the same seed
+# and differs for another, runs in colibri-run, and colibri-bench --json on it
+# reports every figure with sane values. Bad shapes and layer counts are
+# refused by name.
+set -euo pipefail
+build_dir=$1
+synth=$build_dir/tools/colibri-synth
+inspect=$build_dir/tools/colibri-inspect
+bench=$build_dir/tools/colibri-bench
+run=$build_dir/tools/colibri-run
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL synth_bench: $*" >&2; exit 1; }
+
+"$synth" olmoe-test-tiny --quant int8 --seed 7 --out "$work/a.colibri" --no-progress > /dev/null 2> "$work/log" ||
+  { cat "$work/log"; fail "synth int8 failed"; }
+"$synth" olmoe-test-tiny --quant int8 --seed 7 --out "$work/b.colibri" --no-progress > /dev/null 2>&1
+"$synth" olmoe-test-tiny --quant int8 --seed 8 --out "$work/c.colibri" --no-progress > /dev/null 2>&1
+"$synth" olmoe-test-tiny --quant int4 --layers 1 --out "$work/d.colibri" --no-progress > /dev/null 2>&1 ||
+  fail "synth int4 --layers 1 failed"
+cmp -s "$work/a.colibri" "$work/b.colibri" || fail "the same seed gave different files"
+cmp -s "$work/a.colibri" "$work/c.colibri" && fail "different seeds gave the same file"
+
+"$inspect" "$work/a.colibri" --verify > "$work/inspect.txt" 2>&1 || { cat "$work/inspect.txt"; fail "--verify failed"; }
+grep -q "OLMoE (model_type olmoe)" "$work/inspect.txt" || { cat "$work/inspect.txt"; fail "not an OLMoE file"; }
+grep -q "quantization   int8" "$work/inspect.txt" || { cat "$work/inspect.txt"; fail "not int8"; }
+"$inspect" "$work/d.colibri" --verify > "$work/inspect4.txt" 2>&1 || { cat "$work/inspect4.txt"; fail "int4 --verify failed"; }
+grep -q "layers 1 (1 MoE)" "$work/inspect4.txt" || { cat "$work/inspect4.txt"; fail "--layers 1 not applied"; }
+
+# The embedded tokenizer round-trips text through a real generation.
+"$run" --model "$work/a.colibri" --prompt "Hello, world" --max-tokens 4 --quiet > /dev/null 2> "$work/run.txt" ||
+  { cat "$work/run.txt"; fail "colibri-run could not generate"; }
+
+"$bench" --model "$work/a.colibri" --threads 2 --prompt-tokens 8 --gen-tokens 8 --requests 2 --warmup 1 \
+  --bandwidth-mib 64 --bandwidth-passes 2 --json > "$work/bench.json" 2> "$work/bench.err" ||
+  { cat "$work/bench.err"; fail "colibri-bench failed"; }
+python3 - "$work/bench.json" "$work/a.colibri" <<'PY' || fail "bench JSON check"
+import json, os, sys
+doc = json.load(open(sys.argv[1]))
+def need(cond, what):
+    if not cond:
+        print("bad:", what, json.dumps(doc, indent=1)[:3000]); sys.exit(1)
+for key in ["prefill_tokens_per_s", "decode_tokens_per_s", "ttft_ms", "peak_rss_bytes", "roofline_fraction"]:
+    need(isinstance(doc.get(key), (int, float)) and doc[key] > 0, key)
+lat = doc["decode_latency_ms"]
+need(0 < lat["p50"] <= lat["p95"] <= lat["p99"], "latency percentiles ordered")
+need(doc["memory_bandwidth"]["best_GBps"] > 0, "bandwidth")
+need(0 < doc["cpu_share"] <= 1.2, "cpu share")
+need(doc["memory_bandwidth"]["best_GBps"] >= doc["memory_bandwidth"]["median_GBps"], "best >= median bandwidth")
+need(doc["file_bytes"] == os.path.getsize(sys.argv[2]), "file size")
+step = doc["bytes_per_decode_step"]
+need(step["total"] == step["attention"] + step["router"] + step["experts"] + step["embedding"] + step["lm_head"], "bytes sum")
+# olmoe-test-tiny int8, 2 layers of top-2 experts of [128 x 128] gate/up/down in
+# q8 groups of 64: 3 x (128 x 128 values + 128 x 2 f32 scales) per expert.
+need(step["experts"] == 2 * 2 * 3 * (128 * 128 + 128 * 2 * 4), "expert bytes per step")
+need(step["router"] == 2 * 8 * 128 * 4, "router bytes per step (f32)")
+r = doc["router_ms_per_token"]
+need(r["matvec"] > 0 and r["top_k"] > 0 and abs(r["total"] - r["matvec"] - r["top_k"]) < 1e-9, "router time")
+need(doc["page_faults"]["minor_per_s"] >= 0 and doc["page_faults"]["major_per_s"] >= 0, "faults")
+need(len(doc["scratch_arenas"]) == 2 and all(a["kind"] in ("hugetlb", "thp", "normal") for a in doc["scratch_arenas"]), "arenas")
+need(len(doc["thread_pinning"]) == 2, "pinning")
+need(len(doc["per_request"]) == 2, "per request")
+PY
+
+# Refusals name the problem.
+"$synth" no-such-model --out "$work/x.colibri" > /dev/null 2> "$work/err" && fail "unknown shape accepted"
+grep -q "unknown shape 'no-such-model'" "$work/err" || { cat "$work/err"; fail "unknown shape message"; }
+"$synth" olmoe-1b-7b --layers 17 --out "$work/x.colibri" > /dev/null 2> "$work/err" && fail "--layers 17 accepted"
+grep -q "outside \[1, 16\]" "$work/err" || { cat "$work/err"; fail "--layers message"; }
+[[ ! -e "$work/x.colibri" ]] || fail "a refused synth left a file"
+"$bench" --model "$work/a.colibri" --cores 0,x > /dev/null 2> "$work/err" && fail "bad --cores accepted"
+grep -q "'x' is not a core number" "$work/err" || { cat "$work/err"; fail "--cores message"; }
+echo "synth_bench: OK"

@@ -1,0 +1,437 @@
+// colibri-bench: prefill and decode speed, latency percentiles, memory and page
+// faults of one model on a pinned thread team, next to this machine's measured
+// memory read bandwidth, so decode speed can be read as a fraction of the
+// roofline.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "benchtool/process_stats.h"
+#include "benchtool/stats.h"
+#include "benchtool/weight_traffic.h"
+#include "model/model.h"
+#include "moe/router.h"
+#include "read_bandwidth.h"
+#include "runtime/session.h"
+#include "runtime/thread_team.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using colibri::benchtool::median;
+using colibri::benchtool::percentile;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "colibri-bench: %s\n", message.c_str());
+  return 1;
+}
+
+// "0,2-3" -> {0, 2, 3}.
+std::optional<std::vector<std::int32_t>> parse_cores(const std::string& text, std::string& error) {
+  std::vector<std::int32_t> cores;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    int lo = 0, hi = 0;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%d-%d%c", &lo, &hi, &tail) == 2) {
+    } else if (std::sscanf(item.c_str(), "%d%c", &lo, &tail) == 1) {
+      hi = lo;
+    } else {
+      error = "--cores: '" + item + "' is not a core number or a range like 2-5";
+      return std::nullopt;
+    }
+    if (lo < 0 || hi < lo || hi >= 4096) {
+      error = "--cores: '" + item + "' is not a valid core range";
+      return std::nullopt;
+    }
+    for (int c = lo; c <= hi; ++c) cores.push_back(c);
+    at = comma + 1;
+  }
+  return cores;
+}
+
+std::int32_t argmax(std::span<const float> logits) {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<std::int32_t>(best);
+}
+
+struct RequestResult {
+  double prefill_seconds = 0;
+  double ttft_seconds = 0;
+  std::vector<double> step_seconds;    // one per decode step
+  std::vector<double> router_seconds;  // router matvec time in each decode step
+};
+
+// Times the router matvec of every layer through the session's tensor hook:
+// "attn_residual" is emitted just before the FFN norm and the router product,
+// "router_logits" right after it. The top-k selection that follows is not
+// bracketed by any emitted tensor; it is timed on its own (time_top_k).
+struct RouterTimer {
+  bool active = false;
+  Clock::time_point block_start;
+  double step_total = 0;
+  void on_tensor(std::string_view name) {
+    if (!active) return;
+    if (name == "attn_residual") {
+      block_start = Clock::now();
+    } else if (name == "router_logits") {
+      step_total += std::chrono::duration<double>(Clock::now() - block_start).count();
+    }
+  }
+};
+
+// Seconds per route_top_k call for this model's router shape, on random logits.
+double time_top_k(const colibri::ModelConfig& config) {
+  const colibri::RouterSpec spec{config.n_experts, config.top_k, config.norm_topk};
+  std::vector<float> logits(static_cast<std::size_t>(config.n_experts)), probs(logits.size());
+  std::vector<std::int32_t> experts(static_cast<std::size_t>(config.top_k));
+  std::vector<float> weights(experts.size());
+  std::uint64_t state = 0x1234567;
+  constexpr int kCalls = 20000;
+  std::vector<std::vector<float>> inputs(16, logits);
+  for (auto& input : inputs)
+    for (float& v : input) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) / static_cast<float>(1 << 22);
+    }
+  const auto start = Clock::now();
+  std::int32_t sink = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    (void)colibri::route_top_k(spec, inputs[static_cast<std::size_t>(i) % inputs.size()], probs, experts, weights);
+    sink += experts[0];
+  }
+  const double seconds = seconds_since(start);
+  asm volatile("" : : "r"(sink));
+  return seconds / kCalls;
+}
+
+std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "colibri-bench: measure one model's prefill and decode speed on a pinned thread team.\n\n"
+      "Each request starts a fresh context, prefills --prompt-tokens random token ids with\n"
+      "Session::prefill, takes the greedy next token (time to first token), then decodes\n"
+      "--gen-tokens more greedily (end-of-text ignored), timing every step. Figures are medians\n"
+      "over the --requests timed requests (after --warmup untimed ones); latency percentiles\n"
+      "are per request, then the median across requests.\n\n"
+      "Also measured in the same run: peak RSS (VmHWM), minor/major page faults per second\n"
+      "during the timed requests, router time per token (router product via the session's\n"
+      "tensor hook, top-k selection timed separately), and this machine's memory read\n"
+      "bandwidth with the same threads and cores (AVX-512/AVX2 loads over a buffer 4x the\n"
+      "last-level cache, best of several passes). The roofline fraction is\n"
+      "(bytes of weights one decode step reads x decode steps/s) / that bandwidth, where a\n"
+      "step reads the attention and router weights of every layer, top_k experts per MoE\n"
+      "layer, one embedding row and the lm_head, as stored (scales included).\n\n"
+      "A machine shared with other work gives noisy figures: compare runs made together.\n"
+      "Models from colibri-synth have random weights: their speed is real, their text is not.\n\n"
+      "Example:\n"
+      "  colibri-bench --model /tmp/colibri-synth/olmoe-1b-7b-int8.colibri --threads 2 \\\n"
+      "      --prompt-tokens 128 --gen-tokens 64 --requests 3 --warmup 1 --json\n"};
+  std::string model_path, cores_text;
+  std::int32_t threads = colibri::ThreadTeam::available_cores();
+  std::int32_t prompt_tokens = 128, gen_tokens = 64, requests = 3, warmup = 1, passes = 5;
+  std::size_t bandwidth_mib = 0;
+  std::uint64_t seed = 1;
+  bool json = false, no_pin = false;
+  app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
+  app.add_option("-t,--threads", threads, "Threads in the team, the calling thread included")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--cores", cores_text, "Cores to pin the team to, e.g. 0,1 or 2-5 (default: 0..threads-1)");
+  app.add_flag("--no-pin", no_pin, "Do not pin the team's threads");
+  app.add_option("-p,--prompt-tokens", prompt_tokens, "Prompt length of each request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("-g,--gen-tokens", gen_tokens, "Tokens decoded after the first in each request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("-r,--requests", requests, "Timed requests")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("-w,--warmup", warmup, "Untimed requests first")->capture_default_str()->check(CLI::Range(0, 100000));
+  app.add_option("--seed", seed, "Seed of the random prompts")->capture_default_str();
+  app.add_option("--bandwidth-mib", bandwidth_mib, "Read-test buffer in MiB (default: 4x the LLC, 512-2048)");
+  app.add_option("--bandwidth-passes", passes, "Timed passes of the read test")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--json", json, "Print one JSON document instead of the table");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<std::int32_t> cores;
+  if (!no_pin) {
+    if (cores_text.empty()) {
+      for (std::int32_t i = 0; i < threads; ++i) cores.push_back(i);
+    } else {
+      std::string error;
+      auto parsed = parse_cores(cores_text, error);
+      if (!parsed) return fail(error);
+      cores = std::move(*parsed);
+    }
+  }
+
+  const colibri::benchtool::Faults faults_at_start = colibri::benchtool::process_faults();
+  const auto load_start = Clock::now();
+  auto loaded = colibri::Model::load(model_path);
+  if (!loaded) return fail(loaded.error().message);
+  const double load_seconds = seconds_since(load_start);
+  const std::shared_ptr<const colibri::Model> model = *loaded;
+  const colibri::ModelConfig& config = model->config();
+  const std::int32_t context = prompt_tokens + gen_tokens;
+  if (context > config.max_positions)
+    return fail(fmt::format("--prompt-tokens + --gen-tokens = {} exceeds the model's {} positions", context,
+                            config.max_positions));
+
+  colibri::ThreadTeam team(threads, cores);
+  if (!cores.empty()) team.pin_caller();
+  colibri::Session session(model, context, &team);
+
+  RouterTimer router_timer;
+  session.set_tensor_hook([&router_timer](std::string_view name, std::int32_t, std::int32_t,
+                                          std::span<const float>) { router_timer.on_tensor(name); });
+
+  // Random prompts over the ids below the tokenizer's last one (for synthetic
+  // models: every id but <|endoftext|>), the same for every run with the same
+  // seed. Token content does not change the work a step does.
+  const std::int32_t ordinary =
+      std::max<std::int32_t>(1, std::min<std::int32_t>(config.vocab, model->tokenizer().vocab_size()) - 1);
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next_prompt = [&] {
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_tokens));
+    for (std::int32_t& id : prompt) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      id = static_cast<std::int32_t>((state >> 33) % static_cast<std::uint64_t>(ordinary));
+    }
+    return prompt;
+  };
+
+  auto run_request = [&](bool timed) -> colibri::Result<RequestResult> {
+    RequestResult r;
+    r.step_seconds.reserve(static_cast<std::size_t>(gen_tokens));
+    r.router_seconds.reserve(static_cast<std::size_t>(gen_tokens));
+    const std::vector<std::int32_t> prompt = next_prompt();
+    session.reset();
+    const auto start = Clock::now();
+    auto logits = session.prefill(prompt);
+    if (!logits) return logits.error();
+    r.prefill_seconds = seconds_since(start);
+    std::int32_t token = argmax(*logits);
+    r.ttft_seconds = seconds_since(start);
+    router_timer.active = timed;
+    for (std::int32_t i = 0; i < gen_tokens; ++i) {
+      router_timer.step_total = 0;
+      const auto step_start = Clock::now();
+      auto step = session.decode(token);
+      if (!step) return step.error();
+      token = argmax(*step);
+      r.step_seconds.push_back(seconds_since(step_start));
+      r.router_seconds.push_back(router_timer.step_total);
+    }
+    router_timer.active = false;
+    return r;
+  };
+
+  for (std::int32_t i = 0; i < warmup; ++i)
+    if (auto r = run_request(false); !r) return fail(r.error().message);
+  const colibri::benchtool::Faults faults_before = colibri::benchtool::process_faults();
+  const double cpu_before = colibri::benchtool::process_cpu_seconds();
+  const auto timed_start = Clock::now();
+  std::vector<RequestResult> results;
+  for (std::int32_t i = 0; i < requests; ++i) {
+    auto r = run_request(true);
+    if (!r) return fail(r.error().message);
+    results.push_back(std::move(*r));
+  }
+  const double timed_seconds = seconds_since(timed_start);
+  // How much of the time the team actually had its cores (waiting members
+  // spin, so they count as busy): well below 1 means other processes took
+  // the CPUs and every rate above is lowered by them.
+  const double cpu_share =
+      (colibri::benchtool::process_cpu_seconds() - cpu_before) / (std::max(timed_seconds, 1e-9) * threads);
+  const colibri::benchtool::Faults faults_after = colibri::benchtool::process_faults();
+  // Read before the bandwidth test, whose buffer would otherwise be the peak.
+  const std::uint64_t peak_rss = colibri::benchtool::peak_rss_bytes().value_or(0);
+
+  std::vector<double> prefill_rates, decode_rates, ttfts, p50s, p95s, p99s, router_ms;
+  for (const RequestResult& r : results) {
+    double decode_total = 0;
+    for (double s : r.step_seconds) decode_total += s;
+    prefill_rates.push_back(prompt_tokens / r.prefill_seconds);
+    decode_rates.push_back(gen_tokens / decode_total);
+    ttfts.push_back(r.ttft_seconds * 1e3);
+    p50s.push_back(percentile(r.step_seconds, 50) * 1e3);
+    p95s.push_back(percentile(r.step_seconds, 95) * 1e3);
+    p99s.push_back(percentile(r.step_seconds, 99) * 1e3);
+    router_ms.push_back(median(r.router_seconds) * 1e3);
+  }
+  const double decode_rate = median(decode_rates);
+  std::int32_t moe_layers = 0;
+  for (bool moe : config.layer_is_moe) moe_layers += moe ? 1 : 0;
+  const double top_k_ms = time_top_k(config) * moe_layers * 1e3;
+  const double router_matvec_ms = median(router_ms);
+
+  const colibri::benchtool::WeightTraffic traffic = colibri::benchtool::decode_step_traffic(*model);
+  const std::uint64_t kv_bytes = colibri::benchtool::kv_cache_bytes(config, session.max_context());
+  std::error_code size_error;
+  const auto file_size = std::filesystem::is_regular_file(model_path)
+                             ? static_cast<std::uint64_t>(std::filesystem::file_size(model_path, size_error))
+                             : std::uint64_t{0};
+  const double rss_budget = 1.05 * static_cast<double>(file_size) + static_cast<double>(kv_bytes);
+
+  std::vector<std::int32_t> read_cores = cores;
+  const colibri::bench::ReadBandwidth bandwidth = colibri::bench::measure_memory_bandwidth(
+      threads, read_cores, bandwidth_mib > 0 ? bandwidth_mib << 20 : colibri::bench::default_read_buffer_bytes(),
+      passes);
+  const double roofline = bandwidth.best > 0 ? static_cast<double>(traffic.total()) * decode_rate / bandwidth.best : 0;
+
+  const double fault_window = std::max(timed_seconds, 1e-9);
+  const auto minor = faults_after.minor - faults_before.minor;
+  const auto major = faults_after.major - faults_before.major;
+
+  nlohmann::json arenas = nlohmann::json::array();
+  for (std::int32_t m = 0; m < team.size(); ++m) {
+    const colibri::Arena& arena = team.scratch_arena(m);
+    const auto backed = arena.huge_backed_bytes();
+    arenas.push_back({{"member", m},
+                      {"kind", std::string(colibri::page_kind_name(arena.kind()))},
+                      {"capacity_bytes", arena.capacity()},
+                      {"huge_backed_bytes", backed ? nlohmann::json(*backed) : nlohmann::json(nullptr)},
+                      {"fallback_reason", arena.fallback_reason()}});
+  }
+  nlohmann::json pinning = nlohmann::json::array();
+  const auto tids = team.thread_ids();
+  for (std::size_t m = 0; m < tids.size(); ++m) {
+    const std::string allowed = colibri::benchtool::thread_cpus_allowed(tids[m]);
+    const bool single = !allowed.empty() && allowed.find_first_of(",-") == std::string::npos;
+    pinning.push_back({{"member", m}, {"tid", tids[m]}, {"cpus_allowed", allowed}, {"pinned", single}});
+  }
+  nlohmann::json per_request = nlohmann::json::array();
+  for (std::size_t i = 0; i < results.size(); ++i)
+    per_request.push_back({{"prefill_tokens_per_s", prefill_rates[i]},
+                           {"decode_tokens_per_s", decode_rates[i]},
+                           {"ttft_ms", ttfts[i]},
+                           {"p50_ms", p50s[i]},
+                           {"p95_ms", p95s[i]},
+                           {"p99_ms", p99s[i]}});
+
+  nlohmann::json report = {
+      {"model", model_path},
+      {"architecture", std::string(config.arch->display_name)},
+      {"weight_scheme", model->weight_scheme()},
+      {"file_bytes", file_size},
+      {"load_seconds", load_seconds},
+      {"threads", threads},
+      {"cores", cores},
+      {"prompt_tokens", prompt_tokens},
+      {"gen_tokens", gen_tokens},
+      {"requests", requests},
+      {"warmup", warmup},
+      {"prefill_tokens_per_s", median(prefill_rates)},
+      {"decode_tokens_per_s", decode_rate},
+      {"ttft_ms", median(ttfts)},
+      {"decode_latency_ms", {{"p50", median(p50s)}, {"p95", median(p95s)}, {"p99", median(p99s)}}},
+      {"router_ms_per_token",
+       {{"matvec", router_matvec_ms},
+        {"top_k", top_k_ms},
+        {"total", router_matvec_ms + top_k_ms},
+        {"method",
+         "matvec: FFN norm + router product of every layer, timed through the session's tensor hook during "
+         "the timed decode steps; top_k: route_top_k timed alone on random logits, times the MoE layers"}}},
+      {"cpu_share", cpu_share},
+      {"peak_rss_bytes", peak_rss},
+      {"kv_cache_bytes", kv_bytes},
+      {"rss_budget_bytes", rss_budget},
+      {"page_faults",
+       {{"minor", minor},
+        {"major", major},
+        {"minor_per_s", static_cast<double>(minor) / fault_window},
+        {"major_per_s", static_cast<double>(major) / fault_window},
+        {"since_start_minor", faults_after.minor - faults_at_start.minor},
+        {"since_start_major", faults_after.major - faults_at_start.major}}},
+      {"memory_bandwidth",
+       {{"best_GBps", bandwidth.best / 1e9},
+        {"median_GBps", bandwidth.median / 1e9},
+        {"buffer_bytes", bandwidth.buffer_bytes},
+        {"threads", bandwidth.threads},
+        {"passes", bandwidth.passes},
+        {"isa", bandwidth.isa},
+        {"pin_errors", bandwidth.pin_errors}}},
+      {"bytes_per_decode_step",
+       {{"total", traffic.total()},
+        {"attention", traffic.attention},
+        {"router", traffic.router},
+        {"experts", traffic.experts},
+        {"embedding", traffic.embedding},
+        {"lm_head", traffic.lm_head}}},
+      {"roofline_fraction", roofline},
+      {"scratch_arenas", arenas},
+      {"thread_pinning", pinning},
+      {"team_pin_errors", team.pin_errors()},
+      {"per_request", per_request},
+  };
+  if (json) {
+    std::printf("%s\n", report.dump(2).c_str());
+    return 0;
+  }
+
+  std::string text;
+  auto line = [&text](std::string_view label, const std::string& value) {
+    text += fmt::format("{:<26} {}\n", label, value);
+  };
+  line("model", fmt::format("{} ({}, {}, {})", model_path, config.arch->display_name, model->weight_scheme(),
+                            gb(static_cast<double>(file_size))));
+  line("run", fmt::format("{} threads on cores [{}], prompt {} tokens, {} decode steps, {} requests after {} warm-up",
+                          threads, fmt::join(cores, ","), prompt_tokens, gen_tokens, requests, warmup));
+  line("load", fmt::format("{:.2f} s", load_seconds));
+  line("cpu share", fmt::format("{:.0f} % of {} cores while timed (below 100 %: other processes took CPU time)",
+                                cpu_share * 100, threads));
+  line("prefill", fmt::format("{:.1f} tokens/s", median(prefill_rates)));
+  line("decode", fmt::format("{:.2f} tokens/s", decode_rate));
+  line("time to first token", fmt::format("{:.1f} ms", median(ttfts)));
+  line("decode latency", fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f})", median(p50s),
+                                     median(p95s), median(p99s), median(p99s) / std::max(median(p50s), 1e-12)));
+  line("router per token", fmt::format("{:.3f} ms (product {:.3f} ms + top-k {:.3f} ms, {} MoE layers)",
+                                       router_matvec_ms + top_k_ms, router_matvec_ms, top_k_ms, moe_layers));
+  line("peak RSS", fmt::format("{} (budget 1.05 x file + KV cache {} = {})", gb(static_cast<double>(peak_rss)),
+                               gb(static_cast<double>(kv_bytes)), gb(rss_budget)));
+  line("page faults", fmt::format("{:.0f} minor/s, {:.0f} major/s while timed ({} minor, {} major)",
+                                  static_cast<double>(minor) / fault_window, static_cast<double>(major) / fault_window,
+                                  minor, major));
+  line("weights per decode step",
+       fmt::format("{} (attention {}, router {}, experts {}, lm_head {})", gb(static_cast<double>(traffic.total())),
+                   gb(static_cast<double>(traffic.attention)), gb(static_cast<double>(traffic.router)),
+                   gb(static_cast<double>(traffic.experts)), gb(static_cast<double>(traffic.lm_head))));
+  line("memory read bandwidth",
+       fmt::format("{:.1f} GB/s best, {:.1f} GB/s median ({} threads, {}, {} MiB, {} passes)", bandwidth.best / 1e9,
+                   bandwidth.median / 1e9, bandwidth.threads, bandwidth.isa, bandwidth.buffer_bytes >> 20,
+                   bandwidth.passes));
+  line("roofline fraction", fmt::format("{:.1f} % of the best measured bandwidth", roofline * 100));
+  for (std::int32_t m = 0; m < team.size(); ++m) {
+    const colibri::Arena& arena = team.scratch_arena(m);
+    line(m == 0 ? "scratch arenas" : "", fmt::format("member {}: {}{}", m, arena.describe(),
+                                                      arena.fallback_reason().empty()
+                                                          ? ""
+                                                          : " (" + arena.fallback_reason() + ")"));
+  }
+  for (const auto& p : pinning)
+    line(p["member"] == 0 ? "thread pinning" : "",
+         fmt::format("member {} (tid {}): Cpus_allowed_list {}{}", p["member"].get<std::size_t>(),
+                     p["tid"].get<pid_t>(), p["cpus_allowed"].get<std::string>(),
+                     p["pinned"].get<bool>() ? " (pinned)" : " (not pinned)"));
+  std::fputs(text.c_str(), stdout);
+  return 0;
+}
