@@ -164,6 +164,11 @@ struct ModelInfo {
   std::uint64_t weight_bytes = 0;
   std::vector<std::int32_t> moe_layers;
   std::int64_t created = 0;  // unix time the model was loaded
+  std::string checksum;      // "xxh3:…" fingerprint of the file (see model_generation.h)
+  double load_seconds = 0;
+  std::uint64_t generation = 0;  // 1 at start, +1 per reload that swapped
+  std::string memory;            // map, copy or converted
+  bool damaged = false;          // its file changed under it (SIGBUS); a reload is pending
 };
 
 }  // namespace colibri::server

@@ -18,15 +18,20 @@ using C = Config;
 constexpr double kMaxPort = 65535;
 
 // The one table. Order is the order of --help, the example file and
-// /admin/config. "Hot" marks options a config reload may change once reloading
-// exists (see docs/SERVER.md); today every option is read at start.
+// /admin/config. "Hot" options take a new value at a reload (SIGHUP, POST
+// /admin/reload, gRPC Reload): the config is read again and the model is
+// loaded again with it (see docs/SERVER.md, "Hot reload"); the others need a
+// restart.
 const std::array kOptions = {
     OptionSpec{"model", &C::model, 0, 0, "",
                "Model to serve: a .colibri file, a .gguf file or a Hugging Face directory "
-               "(config.json, *.safetensors, tokenizer.json). Required."},
+               "(config.json, *.safetensors, tokenizer.json). Required. Watched for changes (watch_model); "
+               "a changed file is loaded, verified and swapped in while the old one finishes its requests.",
+               Reload::Hot},
     OptionSpec{"served_model_name", &C::served_model_name, 0, 0, "",
                "Model id in the API (GET /v1/models, the \"model\" field of requests); empty means "
-               "the model file or directory name."},
+               "the model file or directory name.",
+               Reload::Hot},
     OptionSpec{"host", &C::host, 0, 0, "",
                "Address the HTTP and gRPC listeners bind. Loopback by default; binding another "
                "address without an API key logs a warning."},
@@ -38,13 +43,17 @@ const std::array kOptions = {
                "'colibri-server: grpc listening on HOST:PORT')."},
     OptionSpec{"context_length", &C::context_length, 0, 1 << 20, "",
                "Positions per session (prompt + generated tokens). 0 means the model's maximum, "
-               "capped at 4096. Memory: max_sessions x context_length KV entries are allocated at start."},
+               "capped at 4096. Memory: max_sessions x context_length KV entries are allocated at start "
+               "(and again for the new model during a reload).",
+               Reload::Hot},
     OptionSpec{"max_sessions", &C::max_sessions, 1, 1024, "",
                "Generations that run at once (continuous batching: each scheduler step advances "
-               "every one of them by a token). Each owns a KV cache allocated at start."},
+               "every one of them by a token). Each owns a KV cache allocated at start.",
+               Reload::Hot},
     OptionSpec{"max_queue", &C::max_queue, 0, 100000, "",
                "Requests that may wait for a free session; beyond it requests get 429 "
-               "(gRPC RESOURCE_EXHAUSTED) with Retry-After."},
+               "(gRPC RESOURCE_EXHAUSTED) with Retry-After.",
+               Reload::Hot},
     OptionSpec{"queue_timeout_ms", &C::queue_timeout_ms, 0, 3600000, "",
                "How long a request may wait in the queue before it gets 503; 0 waits forever.",
                Reload::Hot},
@@ -55,13 +64,16 @@ const std::array kOptions = {
     OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
                "Threads of the compute team that splits each token's matrix products (the scheduler's own "
                "thread is one of them). 0 means the cores this process may use; 1 means no team. Default 1: "
-               "the engine's ThreadTeam can still hang under a long decode loop (see docs/SERVER.md)."},
+               "the engine's ThreadTeam can still hang under a long decode loop (see docs/SERVER.md).",
+               Reload::Hot},
     OptionSpec{"compute_cores", &C::compute_cores, 0, 0, "",
                "Cores to pin the compute team to, as a comma-separated list (\"2,3\": the scheduler thread on "
-               "core 2, the next member on 3, ...); empty leaves the team unpinned."},
+               "core 2, the next member on 3, ...); empty leaves the team unpinned.",
+               Reload::Hot},
     OptionSpec{"stream_buffer_chunks", &C::stream_buffer_chunks, 8, 1 << 20, "",
                "Per-request buffer between the compute thread and the connection, in tokens. A "
-               "client that falls this far behind is cancelled instead of stalling the others."},
+               "client that falls this far behind is cancelled instead of stalling the others.",
+               Reload::Hot},
     OptionSpec{"max_body_bytes", &C::max_body_bytes, 1024, 1 << 30, "",
                "Largest request body accepted; larger bodies get 413 (gRPC: largest message)."},
     OptionSpec{"default_max_tokens", &C::default_max_tokens, 1, 1 << 20, "",
@@ -94,21 +106,56 @@ const std::array kOptions = {
                "api_key_file.",
                Reload::Hot, true},
     OptionSpec{"api_key_file", &C::api_key_file, 0, 0, "",
-               "File whose first line is the API key (instead of api_key)."},
+               "File whose first line is the API key (instead of api_key); read again at every reload.",
+               Reload::Hot},
     OptionSpec{"chat_template", &C::chat_template, 0, 0, "auto|chatml|mistral|none",
                "Chat format for /v1/chat/completions. auto: ChatML when the tokenizer's template or "
                "vocabulary uses <|im_start|>, Mistral [INST] when the template uses [INST] or the "
-               "model is Mixtral; none: chat requests get 400."},
+               "model is Mixtral; none: chat requests get 400.",
+               Reload::Hot},
     OptionSpec{"routing_metrics", &C::routing_metrics, 0, 0, "",
                "Count which experts each layer's router chooses for every token (exported as "
-               "colibri_expert_tokens_total{layer,expert} on /metrics)."},
+               "colibri_expert_tokens_total{layer,expert} on /metrics).",
+               Reload::Hot},
     OptionSpec{"verify_checksums", &C::verify_checksums, 0, 0, "",
-               "For .colibri models, recompute every tensor checksum at load."},
+               "For .colibri models, recompute every tensor and expert checksum at the first load. "
+               "Reloads always verify every checksum before the new file is swapped in.",
+               Reload::Hot},
     OptionSpec{"log_level", &C::log_level, 0, 0, "trace|debug|info|warn|error|off",
-               "Log level of the asynchronous stderr logger.", Reload::Hot},
+               "Log level of the asynchronous logger (stderr, log_file and the /admin/logs ring). Also "
+               "changeable at run time with POST /admin/log-level.",
+               Reload::Hot},
     OptionSpec{"log_requests", &C::log_requests, 0, 0, "",
-               "Log one line per HTTP request (method, path, status, milliseconds; never "
-               "prompts or outputs).",
+               "Log one line per HTTP request (method, path, status, milliseconds) and one structured "
+               "line per generation (id, tokens in/out, time to first token, total time, status); never "
+               "prompts or outputs.",
+               Reload::Hot},
+    OptionSpec{"log_file", &C::log_file, 0, 0, "",
+               "Also write the log to this file (appended, flushed in batches every second and at "
+               "every error); empty = stderr only. Reopened at every reload (SIGHUP), so logrotate "
+               "can move it away and signal the server.",
+               Reload::Hot},
+    OptionSpec{"log_ring_lines", &C::log_ring_lines, 0, 1000000, "",
+               "Recent log lines kept in memory and served at GET /admin/logs; 0 keeps none."},
+    OptionSpec{"watch_model", &C::watch_model, 0, 0, "auto|inotify|poll|off",
+               "Reload when the model file changes. auto: inotify on the file's directory (sees a "
+               "rename over the file) plus a stat() every watch_interval_ms (sees what inotify cannot, "
+               "e.g. a symlink's target changed elsewhere); inotify: inotify only; poll: stat() only "
+               "(size, mtime, inode); off: reload only on SIGHUP or POST /admin/reload.",
+               Reload::Hot},
+    OptionSpec{"watch_interval_ms", &C::watch_interval_ms, 100, 3600000, "",
+               "How often the model file is stat()ed for changes (modes auto and poll).", Reload::Hot},
+    OptionSpec{"watch_quiet_ms", &C::watch_quiet_ms, 0, 600000, "",
+               "After a change, wait until the file has not changed for this long before loading it, "
+               "so a file still being written is not loaded half-way (a half-written file would fail "
+               "its checksums and be refused anyway).",
+               Reload::Hot},
+    OptionSpec{"model_memory", &C::model_memory, 0, 0, "map|copy",
+               "How a .colibri file's weights are held. map: mapped from the file (fast start, shared "
+               "page cache); a file truncated under the server is caught (SIGBUS guard): the affected "
+               "requests fail, the model is marked damaged and reloaded when a valid file appears. "
+               "copy: copied into anonymous memory at load (needs the RAM, twice during a reload); "
+               "later changes to the file cannot affect the served model.",
                Reload::Hot},
 };
 
@@ -343,89 +390,140 @@ std::string help_line(const OptionSpec& option) {
 
 }  // namespace
 
-CliOutcome load_config(int argc, const char* const* argv, const EnvLookup& env) {
-  CliOutcome outcome;
+namespace {
+
+// The command line as CLI11 sees it; built the same way at start and at every
+// reload so flags keep overriding the file.
+struct Cli {
   CLI::App app{
       "colibri-server: OpenAI-compatible HTTP and gRPC server for Mixture-of-Experts models.\n\n"
       "  colibri-server --model PATH [--config FILE] [--host 127.0.0.1] [--port 8080] [--grpc-port G]\n\n"
       "Every option below can also be set in the JSON config file (key = the option name with\n"
       "underscores) or the environment (COLIBRI_<NAME>). Precedence: default < file < env < flag.\n"
-      "See docs/SERVER.md and config/colibri.json.",
+      "Signals: SIGHUP re-reads the config and reloads the model, SIGUSR1 unloads it, SIGTERM/SIGINT\n"
+      "drain and exit. See docs/SERVER.md and config/colibri.json.",
       "colibri-server"};
-  app.get_formatter()->column_width(30);
   std::string config_file;
   bool print_config = false;
-  app.add_option("--config", config_file, "JSON config file (also COLIBRI_CONFIG)");
-  app.add_flag("--print-config", print_config,
-               "Print the documented example config (config/colibri.json) and exit");
-  std::vector<std::string> texts(kOptions.size());
-  for (std::size_t i = 0; i < kOptions.size(); ++i) {
-    const OptionSpec& option = kOptions[i];
-    if (option.secret) continue;
-    std::string names = flag_name(option);
-    if (option.name == "model") names = "-m," + names;
-    const char* type = option.member.index() == 0 ? "INT" : option.member.index() == 1 ? "NUMBER"
-                       : option.member.index() == 2 ? "BOOL" : "TEXT";
-    app.add_option(names, texts[i], help_line(option))->type_name(type);
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    outcome.action = CliAction::Exit;
-    outcome.exit_code = app.exit(e) == 0 ? 0 : 2;
-    return outcome;
-  }
-  if (print_config) {
-    std::fputs(example_config_json().c_str(), stdout);
-    outcome.action = CliAction::Exit;
-    return outcome;
-  }
+  std::vector<std::string> texts = std::vector<std::string>(kOptions.size());
 
-  auto fail = [&](const Error& error) {
-    std::fprintf(stderr, "colibri-server: %s\n", error.message.c_str());
-    outcome.action = CliAction::Exit;
-    outcome.exit_code = 2;
-    return outcome;
-  };
+  Cli() {
+    app.get_formatter()->column_width(30);
+    app.add_option("--config", config_file, "JSON config file (also COLIBRI_CONFIG); read again at every reload");
+    app.add_flag("--print-config", print_config,
+                 "Print the documented example config (config/colibri.json) and exit");
+    for (std::size_t i = 0; i < kOptions.size(); ++i) {
+      const OptionSpec& option = kOptions[i];
+      if (option.secret) continue;
+      std::string names = flag_name(option);
+      if (option.name == "model") names = "-m," + names;
+      const char* type = option.member.index() == 0 ? "INT" : option.member.index() == 1 ? "NUMBER"
+                         : option.member.index() == 2 ? "BOOL" : "TEXT";
+      app.add_option(names, texts[i], help_line(option))->type_name(type);
+    }
+  }
+};
 
-  LoadedConfig& loaded = outcome.loaded;
+// Defaults < file < environment < flags, then the checks across keys and the
+// API key file.
+Result<LoadedConfig> resolve(Cli& cli, const EnvLookup& env) {
+  LoadedConfig loaded;
   for (const OptionSpec& option : kOptions) loaded.sources[std::string(option.name)] = "default";
+  std::string config_file = cli.config_file;
   if (config_file.empty()) {
     if (auto from_env = env("COLIBRI_CONFIG")) config_file = *from_env;
   }
   if (!config_file.empty()) {
     auto text = read_text_file(config_file, "config file");
-    if (!text) return fail(text.error());
-    Status applied = apply_config_json(loaded.config, loaded.sources, *text, "file:" + config_file);
-    if (!applied.ok()) return fail(applied.error());
+    if (!text) return text.error();
+    COLIBRI_TRY(apply_config_json(loaded.config, loaded.sources, *text, "file:" + config_file));
     loaded.config_file = config_file;
   }
   for (const OptionSpec& option : kOptions) {
     const std::string name = env_name(option);
     if (auto value = env(name)) {
-      Status applied = set_option_from_text(loaded.config, option, *value, "env:" + name);
-      if (!applied.ok()) return fail(applied.error());
+      COLIBRI_TRY(set_option_from_text(loaded.config, option, *value, "env:" + name));
       loaded.sources[std::string(option.name)] = "env:" + name;
     }
   }
   for (std::size_t i = 0; i < kOptions.size(); ++i) {
     const OptionSpec& option = kOptions[i];
-    if (option.secret || app.count(flag_name(option)) == 0) continue;
-    Status applied = set_option_from_text(loaded.config, option, texts[i], "flag:" + flag_name(option));
-    if (!applied.ok()) return fail(applied.error());
+    if (option.secret || cli.app.count(flag_name(option)) == 0) continue;
+    COLIBRI_TRY(set_option_from_text(loaded.config, option, cli.texts[i], "flag:" + flag_name(option)));
     loaded.sources[std::string(option.name)] = "flag:" + flag_name(option);
   }
-  Status valid = validate_config(loaded.config);
-  if (!valid.ok()) return fail(valid.error());
+  COLIBRI_TRY(validate_config(loaded.config));
   if (!loaded.config.api_key_file.empty()) {
     auto text = read_text_file(loaded.config.api_key_file, "api_key_file");
-    if (!text) return fail(text.error());
+    if (!text) return text.error();
     std::string key = text->substr(0, text->find_first_of("\r\n"));
-    if (key.empty()) return fail(make_error("config: api_key_file {} is empty", loaded.config.api_key_file));
+    if (key.empty()) return make_error("config: api_key_file {} is empty", loaded.config.api_key_file);
     loaded.config.api_key = key;
     loaded.sources["api_key"] = "file:" + loaded.config.api_key_file;
   }
+  return loaded;
+}
+
+}  // namespace
+
+CliOutcome load_config(int argc, const char* const* argv, const EnvLookup& env) {
+  CliOutcome outcome;
+  Cli cli;
+  try {
+    cli.app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    outcome.action = CliAction::Exit;
+    outcome.exit_code = cli.app.exit(e) == 0 ? 0 : 2;
+    return outcome;
+  }
+  if (cli.print_config) {
+    std::fputs(example_config_json().c_str(), stdout);
+    outcome.action = CliAction::Exit;
+    return outcome;
+  }
+  auto loaded = resolve(cli, env);
+  if (!loaded) {
+    std::fprintf(stderr, "colibri-server: %s\n", loaded.error().message.c_str());
+    outcome.action = CliAction::Exit;
+    outcome.exit_code = 2;
+    return outcome;
+  }
+  outcome.loaded = std::move(loaded).value();
   return outcome;
+}
+
+Result<LoadedConfig> reread_config(int argc, const char* const* argv, const EnvLookup& env) {
+  Cli cli;
+  try {
+    cli.app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return make_error("config: the command line no longer parses: {}", e.what());
+  }
+  return resolve(cli, env);
+}
+
+LoadedConfig merge_reloaded_config(const LoadedConfig& running, const LoadedConfig& reread,
+                                   std::vector<std::string>& notes) {
+  LoadedConfig merged = reread;
+  for (const OptionSpec& option : kOptions) {
+    const nlohmann::json before = option_value(running.config, option);
+    const nlohmann::json after = option_value(reread.config, option);
+    if (before == after) continue;
+    const std::string name(option.name);
+    auto shown = [&](const nlohmann::json& v) { return option.secret ? std::string("(secret)") : v.dump(); };
+    if (option.reload == Reload::Hot) {
+      notes.push_back(fmt::format("{}: {} -> {}", name, shown(before), shown(after)));
+      continue;
+    }
+    // A restart-only key keeps its running value (and source), so what
+    // /admin/config shows is what the process really uses.
+    std::visit([&](auto member) { merged.config.*member = running.config.*member; }, option.member);
+    auto source = running.sources.find(name);
+    if (source != running.sources.end()) merged.sources[name] = source->second;
+    notes.push_back(fmt::format("{}: {} -> {} needs a restart; keeping {}", name, shown(before), shown(after),
+                                shown(before)));
+  }
+  return merged;
 }
 
 std::string example_config_json() {
@@ -434,8 +532,8 @@ std::string example_config_json() {
       "Colibri server configuration (colibri-server --config config/colibri.json). Keys "
       "starting with '#' are comments. Every key is optional except model; each can also be "
       "given as a flag or an environment variable (named in its comment), which override this "
-      "file. 'hot' keys may change on a config reload once reloading exists; 'restart-only' "
-      "keys need a restart. Generated by colibri-server --print-config.";
+      "file. 'Hot' keys take a new value at a reload (SIGHUP, POST /admin/reload); "
+      "'restart-only' keys need a restart. Generated by colibri-server --print-config.";
   const Config defaults;
   for (const OptionSpec& option : kOptions) {
     std::string where = option.secret ? fmt::format("Env {}", env_name(option))

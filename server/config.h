@@ -56,8 +56,18 @@ struct Config {
   bool verify_checksums = false;
   std::string log_level = "info";
   bool log_requests = true;
+  std::string log_file;
+  std::int64_t log_ring_lines = 1000;
+  std::string watch_model = "auto";
+  std::int64_t watch_interval_ms = 2000;
+  std::int64_t watch_quiet_ms = 500;
+  std::string model_memory = "map";
 };
 
+// When a changed value takes effect. Hot: at the next reload (SIGHUP, POST
+// /admin/reload, gRPC Reload); keys that shape the model's scheduler (sessions,
+// context, ...) apply to requests that start after the reload's swap.
+// Restart: only at process start (listeners, thread pools).
 enum class Reload { Hot, Restart };
 
 using ConfigMember = std::variant<std::int64_t Config::*, double Config::*, bool Config::*,
@@ -129,6 +139,17 @@ struct CliOutcome {
 // Parses argv (CLI11), the config file and the environment. Prints --help,
 // --print-config and errors itself; errors give exit_code 2.
 CliOutcome load_config(int argc, const char* const* argv, const EnvLookup& env);
+
+// The same resolution again, silently (SIGHUP, POST /admin/reload): the file
+// may have changed; flags and environment still override it. Errors name the
+// key and its source.
+Result<LoadedConfig> reread_config(int argc, const char* const* argv, const EnvLookup& env);
+
+// Merges a re-read config into the running one: hot keys take the new value,
+// restart-only keys keep the running value. `notes` gets one line per changed
+// key ("max_sessions: 4 -> 8", or "... needs a restart; keeping 8080").
+LoadedConfig merge_reloaded_config(const LoadedConfig& running, const LoadedConfig& reread,
+                                   std::vector<std::string>& notes);
 
 // The documented example config (every key with its help, range, flag, env and
 // reload class as "#key" comment entries), as config/colibri.json holds it.

@@ -8,6 +8,7 @@
 
 #include "colibri.grpc.pb.h"
 #include "http_json.h"
+#include "request_log.h"
 
 namespace colibri::server {
 
@@ -22,6 +23,7 @@ grpc::StatusCode code_for(int http_status) {
     case 404: return grpc::StatusCode::NOT_FOUND;
     case 413:
     case 429: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case 422: return grpc::StatusCode::FAILED_PRECONDITION;
     case 501: return grpc::StatusCode::UNIMPLEMENTED;
     case 503: return grpc::StatusCode::UNAVAILABLE;
     default: return grpc::StatusCode::INTERNAL;
@@ -40,6 +42,7 @@ const char* code_name(grpc::StatusCode code) {
     case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
     case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
     case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
     default: return "OTHER";
   }
 }
@@ -67,7 +70,7 @@ void apply_options(const pb::SamplingOptions& o, GenerationRequest& r) {
 class ColibriServiceImpl final : public pb::Colibri::Service {
  public:
   // "Service" alone would name the generated base class here.
-  ColibriServiceImpl(server::Service& service, const LoadedConfig& config) : service_(service), config_(config) {}
+  ColibriServiceImpl(server::Service& service, ModelHost* host) : service_(service), host_(host) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* request,
                         grpc::ServerWriter<pb::GenerateChunk>* writer) override {
@@ -134,7 +137,9 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
       r.return_probabilities = request->return_probabilities();
       // Rows arrive back to back; split them by the row width of the form used.
       const auto& values = by_layer ? request->hidden() : request->logits();
-      const std::int64_t width = by_layer ? service_.model_info().hidden : request->n_experts();
+      const auto info = service_.model_info();
+      if (by_layer && !info) return fail(ctx, ApiError::unavailable("no model loaded", 5));
+      const std::int64_t width = by_layer ? info->hidden : request->n_experts();
       if (width <= 0) return fail(ctx, ApiError::invalid("n_experts is required with logits", "n_experts"));
       if (values.empty() || values.size() % width != 0)
         return fail(ctx, ApiError::invalid(fmt::format("{} holds {} values, not a multiple of {}",
@@ -159,7 +164,11 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
 
   grpc::Status GetModelInfo(grpc::ServerContext* ctx, const pb::GetModelInfoRequest*, pb::ModelInfo* response) override {
     return guarded(ctx, "GetModelInfo", [&]() -> grpc::Status {
-      const ModelInfo info = service_.model_info();
+      const auto loaded = service_.model_info();
+      if (!loaded) return fail(ctx, ApiError::unavailable("no model loaded: unloaded by SIGUSR1 or its load failed; "
+                                                          "reload to load one",
+                                                          5));
+      const ModelInfo& info = *loaded;
       response->set_id(info.id);
       response->set_architecture(info.architecture);
       response->set_n_layers(info.n_layers);
@@ -177,10 +186,19 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
     });
   }
 
-  grpc::Status Reload(grpc::ServerContext* ctx, const pb::ReloadRequest*, pb::ReloadResponse*) override {
+  // The same as SIGHUP and POST /admin/reload.
+  grpc::Status Reload(grpc::ServerContext* ctx, const pb::ReloadRequest* request, pb::ReloadResponse* response) override {
     return guarded(ctx, "Reload", [&]() -> grpc::Status {
-      return fail(ctx, ApiError::not_implemented("hot reload is not implemented yet (it arrives with the hot-reload "
-                                                 "issue); restart colibri-server to serve a different model"));
+      if (!request->path().empty() && request->path() != service_.settings()->config.model)
+        return fail(ctx, ApiError::invalid("path is not accepted: the reload reads the model path from the "
+                                           "configuration (set \"model\" in the config file, then reload)",
+                                           "path"));
+      if (host_ == nullptr) return fail(ctx, ApiError::unavailable("reloading is not available", 5));
+      ReloadOutcome outcome = host_->reload("gRPC Reload", true);
+      if (!outcome.ok) return fail(ctx, *outcome.error);
+      response->set_reloaded(outcome.swapped);
+      response->set_message(outcome.message);
+      return grpc::Status::OK;
     });
   }
 
@@ -199,12 +217,13 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
       status = fail(ctx, ApiError::internal("internal server error"));
     }
     service_.metrics().grpc_requests.inc({method, code_name(status.error_code())});
-    if (config_.config.log_requests) spdlog::info("grpc {} {}", method, code_name(status.error_code()));
+    if (service_.settings()->config.log_requests) spdlog::info("grpc {} {}", method, code_name(status.error_code()));
     return status;
   }
 
   bool authorized(grpc::ServerContext* ctx) const {
-    const std::string& key = config_.config.api_key;
+    const auto settings = service_.settings();
+    const std::string& key = settings->config.api_key;
     if (key.empty()) return true;
     const auto& metadata = ctx->client_metadata();
     auto it = metadata.find("authorization");
@@ -226,28 +245,61 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
 
   grpc::Status generate(grpc::ServerContext* ctx, const GenerationRequest& request,
                         grpc::ServerWriter<pb::GenerateChunk>* writer) {
-    auto spec = service_.prepare(request);
-    if (!spec) return fail(ctx, spec.error());
-    auto started = service_.start(std::move(*spec));
-    if (!started) return fail(ctx, started.error());
-    std::shared_ptr<StreamChannel> channel = *started;
-    const auto poll = std::chrono::milliseconds(config_.config.disconnect_poll_ms);
+    auto prepared = service_.prepare(request);
+    if (!prepared) return fail(ctx, prepared.error());
+    RequestRecord record;
+    record.id = fmt::format("grpc-{:016x}", reinterpret_cast<std::uintptr_t>(ctx) ^
+                                                static_cast<std::uintptr_t>(record.start.time_since_epoch().count()));
+    record.api = "grpc";
+    record.endpoint = request.chat ? "Chat" : "Generate";
+    record.stream = true;
+    record.model = prepared->generation->checksum;
+    const bool log = service_.settings()->config.log_requests;
+    // Logged on every way out of this function.
+    struct LogAtExit {
+      RequestRecord& record;
+      bool enabled;
+      ~LogAtExit() {
+        if (enabled) record.log();
+      }
+    } log_at_exit{record, log};
+    auto started = service_.start(std::move(*prepared));
+    if (!started) {
+      record.status = started.error().status;
+      return fail(ctx, started.error());
+    }
+    ActiveJob job = std::move(*started);
+    record.prompt_tokens = job.prompt_tokens;
+    std::shared_ptr<StreamChannel> channel = job.channel;
+    const auto poll = std::chrono::milliseconds(service_.settings()->config.disconnect_poll_ms);
     for (;;) {
       auto admission = channel->wait_started(poll);
       if (admission == StreamChannel::Admission::Started) break;
       if (admission == StreamChannel::Admission::Ended) {
         auto batch = channel->wait(std::chrono::milliseconds(0));
-        return fail(ctx, batch.result && batch.result->error ? *batch.result->error
-                                                             : ApiError::internal("the request ended before it started"));
+        if (batch.result) record.take(*batch.result);
+        const ApiError error = batch.result && batch.result->error ? *batch.result->error
+                                                                   : ApiError::internal("the request ended before it started");
+        record.status = error.status;
+        return fail(ctx, error);
       }
       if (ctx->IsCancelled()) {
         channel->cancel();
+        record.finish = "cancelled";
         return gone(ctx);
       }
     }
     for (;;) {
       StreamChannel::Batch batch = channel->wait(poll);
+      if (auto damage = job.damage()) {
+        // Tokens computed after the model's file was truncated are not sent.
+        channel->cancel();
+        record.finish = "error";
+        record.status = damage->status;
+        return fail(ctx, *damage);
+      }
       if (!batch.chunks.empty()) {
+        record.token_arrived();
         pb::GenerateChunk chunk;
         std::string text;
         for (const StreamChunk& piece : batch.chunks) {
@@ -262,7 +314,9 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
       }
       if (batch.result) {
         const StreamResult& result = *batch.result;
+        record.take(result);
         if (result.finish == Finish::Cancelled) return gone(ctx);
+        record.status = result.error ? result.error->status : 200;
         if (result.error) return fail(ctx, *result.error);
         pb::GenerateChunk last;
         last.set_finish_reason(result.finish == Finish::Length ? pb::FINISH_REASON_LENGTH : pb::FINISH_REASON_STOP);
@@ -275,24 +329,24 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
       }
       if (ctx->IsCancelled()) {
         channel->cancel();
+        record.finish = "cancelled";
         return gone(ctx);
       }
     }
   }
 
   server::Service& service_;
-  const LoadedConfig& config_;
+  ModelHost* host_;
 };
 
 struct GrpcServer::Impl {
-  Impl(Service& service, const LoadedConfig& config) : impl(service, config), config(config) {}
+  Impl(Service& service, ModelHost* host) : impl(service, host), service(service) {}
   ColibriServiceImpl impl;
-  const LoadedConfig& config;
+  Service& service;
   std::unique_ptr<grpc::Server> server;
 };
 
-GrpcServer::GrpcServer(Service& service, const LoadedConfig& config)
-    : impl_(std::make_unique<Impl>(service, config)) {}
+GrpcServer::GrpcServer(Service& service, ModelHost* host) : impl_(std::make_unique<Impl>(service, host)) {}
 
 GrpcServer::~GrpcServer() { shutdown(0); }
 
@@ -303,7 +357,7 @@ Result<int> GrpcServer::start(const std::string& host, int port) {
   const std::string address = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
                                                                    : fmt::format("{}:{}", host, port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(impl_->config.config.max_body_bytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(impl_->service.settings()->config.max_body_bytes));
   builder.RegisterService(&impl_->impl);
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || bound == 0) return make_error("cannot start gRPC on {}", address);

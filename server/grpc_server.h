@@ -9,13 +9,15 @@
 
 #include "config.h"
 #include "core/result.h"
+#include "model_host.h"
 #include "service.h"
 
 namespace colibri::server {
 
 class GrpcServer {
  public:
-  GrpcServer(Service& service, const LoadedConfig& config);
+  // `host` answers Reload (null: UNAVAILABLE).
+  GrpcServer(Service& service, ModelHost* host);
   ~GrpcServer();
 
   // Starts listening on host:port (0 = any free port); returns the bound port.

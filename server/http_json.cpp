@@ -413,11 +413,17 @@ nlohmann::json model_body(const ModelInfo& info) {
           {"weight_scheme", info.weight_scheme},
           {"weight_bytes", info.weight_bytes},
           {"chat_template", info.chat_template},
-          {"max_sessions", info.max_sessions}};
+          {"max_sessions", info.max_sessions},
+          {"path", info.path},
+          {"checksum", info.checksum},
+          {"load_seconds", info.load_seconds},
+          {"generation", info.generation},
+          {"memory", info.memory},
+          {"status", info.damaged ? "damaged" : "serving"}};
 }
 
-nlohmann::json models_body(const ModelInfo& info) {
-  return {{"object", "list"}, {"data", json::array({model_body(info)})}};
+nlohmann::json models_body(const std::optional<ModelInfo>& info) {
+  return {{"object", "list"}, {"data", info ? json::array({model_body(*info)}) : json::array()}};
 }
 
 nlohmann::json route_body(const RouteResult& result) {

@@ -57,7 +57,8 @@ nlohmann::json stream_chunk(const ResponseIds& ids, const std::string& text,
 // The usage-only chunk (stream_options.include_usage): empty choices.
 nlohmann::json usage_chunk(const ResponseIds& ids, const StreamResult& result);
 
-nlohmann::json models_body(const ModelInfo& info);
+// An empty list while no model is loaded.
+nlohmann::json models_body(const std::optional<ModelInfo>& info);
 nlohmann::json model_body(const ModelInfo& info);
 nlohmann::json route_body(const RouteResult& result);
 

@@ -8,6 +8,8 @@
 
 #include "connection_probe.h"
 #include "http_json.h"
+#include "logging.h"
+#include "request_log.h"
 #include "utf8.h"
 
 namespace colibri::server {
@@ -19,6 +21,9 @@ using Clock = std::chrono::steady_clock;
 
 // Set by the pre-routing handler; the logger runs later on the same thread.
 thread_local Clock::time_point request_start;
+// The generation request this thread serves, logged by the access logger
+// once the response (a whole stream included) is written.
+thread_local std::shared_ptr<RequestRecord> current_record;
 
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -45,7 +50,9 @@ const HttpServer::RouteInfo* match_route(const std::string& method, const std::s
 
 // Per-stream state shared by the content provider and its releaser.
 struct StreamState {
+  ActiveJob job;
   std::shared_ptr<StreamChannel> channel;
+  std::shared_ptr<RequestRecord> record;
   ConnectionProbe probe;
   ResponseIds ids;
   bool include_usage = false;
@@ -67,7 +74,19 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
   }
   for (;;) {
     StreamChannel::Batch batch = state.channel->wait(state.poll);
+    if (auto damage = state.job.damage()) {
+      // Tokens computed after the model's file was truncated are not sent.
+      state.channel->cancel();
+      state.record->finish = "error";
+      state.record->status = damage->status;
+      if (!write(damage->to_json())) return false;
+      static constexpr char kDone[] = "data: [DONE]\n\n";
+      if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
+      sink.done();
+      return true;
+    }
     if (!batch.chunks.empty()) {
+      state.record->token_arrived();
       // Whatever piled up while the last write was in flight goes out as one
       // event; a fast client still gets one event per token.
       std::string text;
@@ -82,6 +101,7 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
     }
     if (batch.result) {
       const StreamResult& result = *batch.result;
+      state.record->take(result);
       if (result.finish == Finish::Cancelled) return false;
       if (result.error && (result.finish == Finish::Error || result.finish == Finish::Shutdown ||
                            result.finish == Finish::SlowClient)) {
@@ -119,12 +139,14 @@ const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
       {"POST", "/v1/route", "/v1/route"},
       {"GET", "/admin/config", "/admin/config"},
       {"POST", "/admin/reload", "/admin/reload"},
+      {"GET", "/admin/logs", "/admin/logs"},
+      {"POST", "/admin/log-level", "/admin/log-level"},
   };
   return kRoutes;
 }
 
-HttpServer::HttpServer(Service& service, const LoadedConfig& config)
-    : service_(service), loaded_(config), server_(std::make_unique<httplib::Server>()) {
+HttpServer::HttpServer(Service& service, ModelHost* host)
+    : service_(service), host_(host), server_(std::make_unique<httplib::Server>()) {
   install();
 }
 
@@ -141,7 +163,8 @@ void HttpServer::listen() { server_->listen_after_bind(); }
 void HttpServer::stop() { server_->stop(); }
 
 void HttpServer::install() {
-  const Config& config = loaded_.config;
+  const auto settings = service_.settings();
+  const Config& config = settings->config;
   httplib::Server& s = *server_;
   const auto threads = static_cast<std::size_t>(config.http_threads);
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -153,7 +176,9 @@ void HttpServer::install() {
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     request_start = Clock::now();
-    const Config& c = loaded_.config;
+    current_record.reset();
+    const auto snapshot = service_.settings();
+    const Config& c = snapshot->config;
     // cpp-httplib 0.11 enforces the body limit only for Content-Length bodies;
     // a chunked upload could grow without bound, so it is refused.
     if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
@@ -196,7 +221,7 @@ void HttpServer::install() {
       }
     } else if (res.status == 413) {
       error = ApiError::too_large(fmt::format("the request body is larger than max_body_bytes = {} bytes",
-                                              loaded_.config.max_body_bytes));
+                                              service_.settings()->config.max_body_bytes));
     } else if (res.status == 400) {
       error = ApiError::invalid("malformed HTTP request (for example a POST without Content-Length)");
     } else {
@@ -224,9 +249,14 @@ void HttpServer::install() {
     const RouteInfo* route = match_route(req.method, req.path, false);
     const char* label = route != nullptr ? route->label : "other";
     service_.metrics().http_requests.inc({label, std::to_string(res.status)});
-    if (loaded_.config.log_requests) {
+    std::shared_ptr<RequestRecord> record = std::move(current_record);
+    if (service_.settings()->config.log_requests) {
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - request_start).count();
       spdlog::info("http {} {} {} {:.1f} ms", req.method, label, res.status, ms);
+      if (record) {
+        if (record->status == 0) record->status = res.status;
+        record->log();
+      }
     }
   });
 
@@ -244,12 +274,23 @@ void HttpServer::install() {
     };
   };
 
+  // Liveness: the process answers. The model's state is in "model" (loaded,
+  // none, damaged) and in /ready, which is what a load balancer should use.
   s.Get("/health", safe([this](const httplib::Request&, httplib::Response& res) {
-          send_json(res, 200, {{"status", "ok"}, {"draining", !service_.ready()}});
+          auto generation = service_.current();
+          const char* model = !generation ? "none" : generation->is_damaged() ? "damaged" : "loaded";
+          send_json(res, 200, {{"status", "ok"}, {"draining", service_.draining()}, {"model", model}});
         }));
   s.Get("/ready", safe([this](const httplib::Request&, httplib::Response& res) {
-          if (service_.ready()) send_json(res, 200, {{"status", "ready"}, {"model", service_.model_id()}});
-          else send_error(res, ApiError::unavailable("draining: the server is shutting down", 5));
+          const std::string reason = service_.not_ready_reason();
+          if (reason.empty()) {
+            auto generation = service_.current();
+            send_json(res, 200, {{"status", "ready"},
+                                 {"model", generation ? generation->id : ""},
+                                 {"checksum", generation ? generation->checksum : ""}});
+          } else {
+            send_error(res, ApiError::unavailable(reason, 5));
+          }
         }));
   s.Get("/metrics", safe([this](const httplib::Request&, httplib::Response& res) {
           res.status = 200;
@@ -259,8 +300,12 @@ void HttpServer::install() {
           send_json(res, 200, models_body(service_.model_info()));
         }));
   s.Get("/v1/models/(.+)", safe([this](const httplib::Request& req, httplib::Response& res) {
-          if (auto error = service_.check_model(req.matches[1].str())) return send_error(res, *error);
-          send_json(res, 200, model_body(service_.model_info()));
+          auto generation = service_.current();
+          auto info = service_.model_info();
+          if (!generation || !info)
+            return send_error(res, ApiError::not_found("no model is loaded (GET /v1/models)", "model_not_found"));
+          if (auto error = service_.check_model(*generation, req.matches[1].str())) return send_error(res, *error);
+          send_json(res, 200, model_body(*info));
         }));
 
   auto generate = [this](bool chat) {
@@ -269,12 +314,24 @@ void HttpServer::install() {
       if (!body) return send_error(res, body.error());
       auto parsed = parse_generation(*body, chat);
       if (!parsed) return send_error(res, parsed.error());
-      auto spec = service_.prepare(parsed->request);
-      if (!spec) return send_error(res, spec.error());
-      auto started = service_.start(std::move(*spec));
+      auto prepared = service_.prepare(parsed->request);
+      if (!prepared) return send_error(res, prepared.error());
+      const std::string model_id = prepared->generation->id;
+      const std::string checksum = prepared->generation->checksum;
+      auto started = service_.start(std::move(*prepared));
       if (!started) return send_error(res, started.error());
-      std::shared_ptr<StreamChannel> channel = *started;
-      const auto poll = std::chrono::milliseconds(loaded_.config.disconnect_poll_ms);
+      ActiveJob job = std::move(*started);
+      std::shared_ptr<StreamChannel> channel = job.channel;
+      const auto poll = std::chrono::milliseconds(service_.settings()->config.disconnect_poll_ms);
+      ResponseIds ids = new_response_ids(chat, model_id);
+      auto record = std::make_shared<RequestRecord>();
+      record->id = ids.id;
+      record->api = "http";
+      record->endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+      record->stream = parsed->stream;
+      record->model = checksum;
+      record->prompt_tokens = job.prompt_tokens;
+      current_record = record;
       ConnectionProbe probe = ConnectionProbe::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
 
       // The status is committed only once the request holds a session, so a
@@ -284,34 +341,43 @@ void HttpServer::install() {
         if (admission == StreamChannel::Admission::Started) break;
         if (admission == StreamChannel::Admission::Ended) {
           auto batch = channel->wait(std::chrono::milliseconds(0));
+          if (batch.result) record->take(*batch.result);
           return send_error(res, batch.result && batch.result->error ? *batch.result->error
                                                                        : ApiError::internal("the request ended before it started"));
         }
         if (probe.closed()) {
           channel->cancel();
+          record->finish = "cancelled";
           res.status = 499;  // nginx's "client closed request"; nobody reads it
           return;
         }
       }
 
-      ResponseIds ids = new_response_ids(chat, service_.model_id());
       if (!parsed->stream) {
         std::string text;
         std::vector<std::int32_t> tokens;
         for (;;) {
           StreamChannel::Batch batch = channel->wait(poll);
+          if (auto damage = job.damage()) {
+            channel->cancel();
+            record->finish = "error";
+            return send_error(res, *damage);
+          }
+          if (!batch.chunks.empty()) record->token_arrived();
           for (StreamChunk& chunk : batch.chunks) {
             text += chunk.text;
             tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
           }
           if (batch.result) {
             const StreamResult& result = *batch.result;
+            record->take(result);
             if (result.error) return send_error(res, *result.error);
             if (result.finish == Finish::Cancelled) return send_error(res, ApiError::invalid("cancelled"));
             return send_json(res, 200, completion_body(ids, text, parsed->return_token_ids ? &tokens : nullptr, result));
           }
           if (batch.chunks.empty() && probe.closed()) {
             channel->cancel();
+            record->finish = "cancelled";
             res.status = 499;
             return;
           }
@@ -319,7 +385,9 @@ void HttpServer::install() {
       }
 
       auto state = std::make_shared<StreamState>();
+      state->job = std::move(job);
       state->channel = channel;
+      state->record = record;
       state->probe = probe;
       state->ids = std::move(ids);
       state->include_usage = parsed->include_usage;
@@ -374,13 +442,74 @@ void HttpServer::install() {
            send_json(res, 200, route_body(*result));
          }));
   s.Get("/admin/config", safe([this](const httplib::Request&, httplib::Response& res) {
-          send_json(res, 200, config_report(loaded_));
+          send_json(res, 200, config_report(*service_.settings()));
         }));
-  s.Post("/admin/reload", safe([](const httplib::Request&, httplib::Response& res) {
-           send_error(res, ApiError::not_implemented(
-                               "hot reload is not implemented yet: it arrives with the hot-reload issue (load and "
-                               "validate a new model next to the served one, swap it between requests). Until then, "
-                               "restart colibri-server to serve a different model."));
+  // The same as SIGHUP: read the config again, load and verify the model,
+  // swap it in. Answers once done, with the new checksum or the error.
+  s.Post("/admin/reload", safe([this](const httplib::Request& req, httplib::Response& res) {
+           if (!req.body.empty()) {
+             auto body = parse_json_body(req.body);
+             if (!body) return send_error(res, body.error());
+             if (!body->is_object()) return send_error(res, ApiError::invalid("the body must be a JSON object"));
+             for (const auto& [key, value] : body->items()) {
+               if (key == "path" && value.is_string() && value.get<std::string>() == service_.settings()->config.model)
+                 continue;
+               return send_error(res, ApiError::invalid(fmt::format("\"{}\" is not accepted: the reload reads the "
+                                                                    "model path from the configuration (set \"model\" "
+                                                                    "in the config file, then reload)",
+                                                                    key),
+                                                        key));
+             }
+           }
+           if (host_ == nullptr) return send_error(res, ApiError::unavailable("reloading is not available", 5));
+           ReloadOutcome outcome = host_->reload("POST /admin/reload", true);
+           if (!outcome.ok) {
+             ApiError error = *outcome.error;
+             error.extra["config_changes"] = outcome.config_changes;
+             return send_error(res, error);
+           }
+           send_json(res, 200, {{"reloaded", outcome.swapped},
+                                {"model", outcome.id},
+                                {"path", outcome.path},
+                                {"checksum", outcome.checksum},
+                                {"load_seconds", outcome.load_seconds},
+                                {"generation", outcome.generation},
+                                {"config_changes", outcome.config_changes},
+                                {"message", outcome.message}});
+         }));
+  s.Get("/admin/logs", safe([this](const httplib::Request& req, httplib::Response& res) {
+          std::size_t n = static_cast<std::size_t>(service_.settings()->config.log_ring_lines);
+          if (req.has_param("lines")) {
+            const std::string text = req.get_param_value("lines");
+            char* end = nullptr;
+            const long long value = std::strtoll(text.c_str(), &end, 10);
+            if (text.empty() || *end != '\0' || value < 1)
+              return send_error(res, ApiError::invalid("lines must be a positive integer", "lines"));
+            n = std::min(n, static_cast<std::size_t>(value));
+          }
+          const auto lines = logging::recent(n);
+          if (req.get_param_value("format") == "json") return send_json(res, 200, {{"lines", lines}});
+          std::string text;
+          for (const auto& line : lines) text += line + "\n";
+          res.status = 200;
+          res.set_content(text, "text/plain; charset=utf-8");
+        }));
+  s.Post("/admin/log-level", safe([this](const httplib::Request& req, httplib::Response& res) {
+           auto body = parse_json_body(req.body);
+           if (!body) return send_error(res, body.error());
+           if (!body->is_object() || !body->contains("level") || !(*body)["level"].is_string())
+             return send_error(res, ApiError::invalid("give {\"level\": \"trace|debug|info|warn|error|off\"}", "level"));
+           const std::string level = (*body)["level"].get<std::string>();
+           const std::string before = logging::level();
+           if (Status set = logging::set_level(level); !set.ok())
+             return send_error(res, ApiError::invalid(set.error().message, "level"));
+           // Kept until the next config reload, which applies log_level again.
+           LoadedConfig updated = *service_.settings();
+           updated.config.log_level = level;
+           updated.sources["log_level"] = "POST /admin/log-level";
+           service_.set_settings(std::move(updated));
+           spdlog::warn("log level {} -> {} (POST /admin/log-level)", before, level);
+           send_json(res, 200, {{"level", level}, {"previous", before}});
          }));
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "config.h"
+#include "model_host.h"
 #include "service.h"
 
 namespace httplib {
@@ -17,7 +18,10 @@ namespace colibri::server {
 
 class HttpServer {
  public:
-  HttpServer(Service& service, const LoadedConfig& config);
+  // Listener settings (threads, timeouts, body limit) are read once, here;
+  // per-request ones (API key, logging, polling) from the service's current
+  // settings. `host` answers POST /admin/reload (null: 503).
+  HttpServer(Service& service, ModelHost* host);
   ~HttpServer();
 
   // Binds host:port (0 = any free port). Returns the bound port or an error.
@@ -38,7 +42,7 @@ class HttpServer {
   void install();
 
   Service& service_;
-  const LoadedConfig& loaded_;
+  ModelHost* host_;
   std::unique_ptr<httplib::Server> server_;
 };
 

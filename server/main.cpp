@@ -1,8 +1,8 @@
-// colibri-server: loads one model and serves it over HTTP (OpenAI-compatible)
-// and gRPC until SIGTERM/SIGINT, then drains. See docs/SERVER.md.
+// colibri-server: loads a model and serves it over HTTP (OpenAI-compatible)
+// and gRPC. Signals (taken by sigwait in this thread; no work in handlers):
+// SIGHUP re-reads the config and reloads the model, SIGUSR1 unloads it,
+// SIGTERM/SIGINT drain and exit. See docs/SERVER.md.
 #include <pthread.h>
-#include <spdlog/async.h>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -10,32 +10,20 @@
 #include <cstdio>
 #include <thread>
 
-#include "chat_template.h"
 #include "config.h"
 #include "grpc_server.h"
 #include "http_server.h"
+#include "logging.h"
 #include "metrics.h"
-#include "model/model.h"
-#include "scheduler.h"
+#include "model_host.h"
+#include "sd_notify.h"
 #include "service.h"
+#include "sigbus_guard.h"
 
 namespace {
 
 using namespace colibri::server;
-
-// Logs go through spdlog's asynchronous logger: a bounded queue drained by one
-// background thread. When the queue is full the oldest message is dropped, so
-// the compute thread never waits for stderr.
-void setup_logging(const std::string& level) {
-  spdlog::init_thread_pool(8192, 1);
-  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
-  auto logger = std::make_shared<spdlog::async_logger>("colibri", sink, spdlog::thread_pool(),
-                                                       spdlog::async_overflow_policy::overrun_oldest);
-  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(level));
-  spdlog::flush_every(std::chrono::seconds(1));
-}
+using colibri::Status;
 
 bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
@@ -63,125 +51,109 @@ int main(int argc, char** argv) {
   // nor run a handler inside the engine.
   sigset_t signals;
   sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   CliOutcome outcome = load_config(argc, argv, process_environment());
   if (outcome.action == CliAction::Exit) return outcome.exit_code;
-  const LoadedConfig loaded = std::move(outcome.loaded);
-  const Config& config = loaded.config;
-  setup_logging(config.log_level);
-
-  if (!is_loopback(config.host) && config.api_key.empty())
-    spdlog::warn("listening on {} without an API key: anyone who can reach this address can use the server",
-                 config.host);
-
-  const auto load_start = std::chrono::steady_clock::now();
-  colibri::LoadOptions load_options;
-  load_options.verify_checksums = config.verify_checksums;
-  auto model = colibri::Model::load(config.model, load_options);
-  if (!model) {
-    std::fprintf(stderr, "colibri-server: cannot load the model: %s\n", model.error().message.c_str());
-    spdlog::shutdown();
-    return 1;
-  }
-  auto chat = ChatTemplate::select(**model, config.chat_template);
-  if (!chat) {
-    std::fprintf(stderr, "colibri-server: %s\n", chat.error().message.c_str());
-    spdlog::shutdown();
+  const Config first = outcome.loaded.config;
+  if (Status logs = logging::init(first.log_level, first.log_file, static_cast<std::size_t>(first.log_ring_lines));
+      !logs.ok()) {
+    std::fprintf(stderr, "colibri-server: %s\n", logs.error().message.c_str());
+    logging::shutdown();
     return 2;
   }
-  spdlog::info("model {} loaded in {:.2f} s ({}, {} weights, {} MiB); chat template {}: {}", config.model,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
-               (*model)->config().arch ? (*model)->config().arch->model_type : "?", (*model)->weight_scheme(),
-               (*model)->weight_bytes() >> 20, chat->name(), chat->reason());
 
+  if (!is_loopback(first.host) && first.api_key.empty())
+    spdlog::warn("listening on {} without an API key: anyone who can reach this address can use the server",
+                 first.host);
+
+  SystemdNotifier notifier;
   Metrics metrics;
-  SchedulerOptions scheduler_options;
-  scheduler_options.max_sessions = static_cast<std::int32_t>(config.max_sessions);
-  scheduler_options.max_queue = static_cast<std::int32_t>(config.max_queue);
-  scheduler_options.context = static_cast<std::int32_t>(config.context_length);
-  scheduler_options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
-  scheduler_options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
-  scheduler_options.queue_timeout_ms = config.queue_timeout_ms;
-  scheduler_options.routing_metrics = config.routing_metrics;
-  scheduler_options.compute_threads = static_cast<std::int32_t>(config.compute_threads);
-  scheduler_options.compute_cores = parse_core_list(config.compute_cores).value_or(std::vector<std::int32_t>{});
-  Scheduler scheduler(*model, scheduler_options, metrics);
-  Service service(config, *model, std::move(*chat), scheduler, metrics);
-  metrics.add_gauge("colibri_queue_depth", "Generation requests waiting for a session.",
-                    [&] { return static_cast<double>(scheduler.queue_depth()); });
-  metrics.add_gauge("colibri_active_sessions", "Sessions generating or prefilling now.",
-                    [&] { return static_cast<double>(scheduler.active_sessions()); });
-  metrics.add_gauge("colibri_max_sessions", "Sessions allocated at start (max_sessions).",
-                    [&] { return static_cast<double>(scheduler.max_sessions()); });
-  metrics.add_gauge("colibri_context_length", "Positions per session.",
-                    [&] { return static_cast<double>(scheduler.context()); });
-  metrics.add_gauge("colibri_ready", "1 while serving, 0 while draining.", [&] { return service.ready() ? 1.0 : 0.0; });
-  scheduler.start();
+  Service service(std::move(outcome.loaded), metrics);
+  ModelHost host(service, metrics, notifier,
+                 [argc, argv] { return reread_config(argc, argv, process_environment()); });
+  // SIGBUS from a truncated model file is caught, not fatal (sigbus_guard.h).
+  sigbus::install(host.sigbus_notify_fd());
+  notifier.notify("STATUS=loading " + first.model);
+  if (Status loaded = host.load_initial(); !loaded.ok()) {
+    std::fprintf(stderr, "colibri-server: cannot load the model: %s\n", loaded.error().message.c_str());
+    logging::shutdown();
+    return 1;
+  }
   {
-    // Every session's KV cache is allocated at start: say how much that is.
-    const colibri::ModelConfig& c = (*model)->config();
+    auto generation = service.current();
+    const colibri::ModelConfig& c = generation->model->config();
     const double kv_bytes = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
-                            scheduler.context() * static_cast<double>(config.max_sessions);
+                            generation->scheduler->context() * static_cast<double>(first.max_sessions);
     spdlog::info("{} sessions of {} positions ({:.0f} MiB of KV cache), queue {}, compute team of {} threads{}",
-                 config.max_sessions, scheduler.context(), kv_bytes / (1 << 20), config.max_queue,
-                 scheduler.compute_threads(), config.compute_cores.empty() ? "" : " pinned to " + config.compute_cores);
+                 first.max_sessions, generation->scheduler->context(), kv_bytes / (1 << 20), first.max_queue,
+                 generation->scheduler->compute_threads(),
+                 first.compute_cores.empty() ? "" : " pinned to " + first.compute_cores);
   }
 
-  GrpcServer grpc(service, loaded);
-  if (config.grpc_port >= 0) {
-    auto port = grpc.start(config.host, static_cast<int>(config.grpc_port));
+  GrpcServer grpc(service, &host);
+  if (first.grpc_port >= 0) {
+    auto port = grpc.start(first.host, static_cast<int>(first.grpc_port));
     if (!port) {
       std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
-      scheduler.stop();
-      spdlog::shutdown();
+      host.stop();
+      logging::shutdown();
       return 1;
     }
-    announce("grpc listening on " + host_port(config.host, *port));
+    announce("grpc listening on " + host_port(first.host, *port));
   }
-  HttpServer http(service, loaded);
-  auto port = http.bind(config.host, static_cast<int>(config.port));
+  HttpServer http(service, &host);
+  auto port = http.bind(first.host, static_cast<int>(first.port));
   if (!port) {
     std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
     grpc.shutdown(0);
-    scheduler.stop();
-    spdlog::shutdown();
+    host.stop();
+    logging::shutdown();
     return 1;
   }
   std::thread listener([&] { http.listen(); });
-  announce("listening on http://" + host_port(config.host, *port));
-  spdlog::info("serving {} on http://{}", service.model_id(), host_port(config.host, *port));
+  host.start();
+  announce("listening on http://" + host_port(first.host, *port));
+  spdlog::info("serving {} on http://{}", service.model_id(), host_port(first.host, *port));
+  notifier.notify(fmt::format("READY=1\nSTATUS=serving {} ({})", service.model_id(), service.current()->checksum));
 
   int signal_number = 0;
   for (;;) {
     sigwait(&signals, &signal_number);
-    if (signal_number != SIGHUP) break;
-    spdlog::warn("SIGHUP: reloading is not implemented yet; still serving {}", service.model_id());
+    if (signal_number == SIGHUP) {
+      spdlog::info("SIGHUP: re-reading the configuration and reloading the model");
+      host.request_reload("SIGHUP", true);
+    } else if (signal_number == SIGUSR1) {
+      spdlog::info("SIGUSR1: unloading the model");
+      host.unload("SIGUSR1");
+    } else {
+      break;
+    }
   }
 
   // Drain: refuse new work, let running generations finish for up to
   // drain_timeout_s, then cancel the rest. A second signal exits at once.
-  spdlog::info("signal {}: draining (up to {} s)", signal_number, config.drain_timeout_s);
+  const std::int64_t grace = service.settings()->config.drain_timeout_s;
+  spdlog::info("signal {}: draining (up to {} s)", signal_number, grace);
+  notifier.notify(fmt::format("STOPPING=1\nSTATUS=draining (up to {} s)", grace));
   std::thread([signals] {
     int again = 0;
     for (;;) {
       sigwait(&signals, &again);
-      if (again != SIGHUP) std::_Exit(128 + again);
+      if (again == SIGINT || again == SIGTERM) std::_Exit(128 + again);
     }
   }).detach();
   service.begin_drain();
   grpc.set_serving(false);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(config.drain_timeout_s);
-  while ((scheduler.active_sessions() > 0 || scheduler.queue_depth() > 0) && std::chrono::steady_clock::now() < deadline)
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace);
+  while ((host.active_sessions() > 0 || host.queue_depth() > 0) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (scheduler.active_sessions() > 0) spdlog::warn("drain timeout: cancelling {} generations", scheduler.active_sessions());
-  scheduler.stop();
+  if (host.active_sessions() > 0) spdlog::warn("drain timeout: cancelling {} generations", host.active_sessions());
+  host.stop();
   grpc.shutdown(1000);
   http.stop();
   listener.join();
   spdlog::info("stopped");
-  spdlog::shutdown();
+  logging::shutdown();
   return 0;
 }

@@ -118,11 +118,17 @@ void ExpertLoad::render(std::string& out) const {
   }
 }
 
+void prometheus_header(std::string& out, std::string_view name, std::string_view help, std::string_view type) {
+  header(out, name, help, type);
+}
+
 Metrics::Metrics() = default;
 
 void Metrics::add_gauge(std::string name, std::string help, std::function<double()> read) {
   gauges_.push_back({std::move(name), std::move(help), std::move(read)});
 }
+
+void Metrics::add_renderer(std::function<void(std::string&)> render) { renderers_.push_back(std::move(render)); }
 
 std::string Metrics::render() const {
   std::string out;
@@ -131,6 +137,8 @@ std::string Metrics::render() const {
   grpc_requests.render(out);
   generations.render(out);
   rejected.render(out);
+  reloads.render(out);
+  model_faults.render(out);
   header(out, "colibri_prompt_tokens_total", "Prompt tokens processed.", "counter");
   out += fmt::format("colibri_prompt_tokens_total {}\n", prompt_tokens.value());
   header(out, "colibri_generated_tokens_total", "Tokens generated.", "counter");
@@ -145,7 +153,13 @@ std::string Metrics::render() const {
   inter_token_latency.render(out);
   request_duration.render(out);
   batch_size.render(out);
-  if (expert_load_) expert_load_->render(out);
+  for (const auto& render : renderers_) render(out);
+  std::shared_ptr<ExpertLoad> load;
+  {
+    std::lock_guard lock(expert_load_mutex_);
+    load = expert_load_;
+  }
+  if (load) load->render(out);
   return out;
 }
 

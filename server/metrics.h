@@ -95,6 +95,14 @@ class Metrics {
   LabeledCounter rejected{"colibri_rejected_requests_total",
                           "Generation requests refused at admission, by reason (queue_full, draining, queue_timeout).",
                           {"reason"}};
+  LabeledCounter reloads{"colibri_reloads_total",
+                         "Model loads after the first, by result (ok, failed, unchanged: same checksum as the "
+                         "served model, nothing swapped).",
+                         {"result"}};
+  LabeledCounter model_faults{"colibri_model_faults_total",
+                              "Faults caught in a served model's memory (sigbus: the mapped file was truncated "
+                              "or could not be read).",
+                              {"kind"}};
   Counter prompt_tokens;
   Counter generated_tokens;
   Counter scheduler_steps;
@@ -112,9 +120,19 @@ class Metrics {
 
   // A gauge read at scrape time (queue depth, active sessions, ...).
   void add_gauge(std::string name, std::string help, std::function<double()> read);
-  // Routing counts; absent when routing metrics are off.
-  void set_expert_load(std::shared_ptr<ExpertLoad> load) { expert_load_ = std::move(load); }
-  ExpertLoad* expert_load() const { return expert_load_.get(); }
+  // Samples written by a callback at scrape time (families with labels that
+  // change, e.g. the served model's checksum).
+  void add_renderer(std::function<void(std::string&)> render);
+  // Routing counts; absent when routing metrics are off. Replaced when a
+  // reload builds a new scheduler, possibly while /metrics renders.
+  void set_expert_load(std::shared_ptr<ExpertLoad> load) {
+    std::lock_guard lock(expert_load_mutex_);
+    expert_load_ = std::move(load);
+  }
+  ExpertLoad* expert_load() const {
+    std::lock_guard lock(expert_load_mutex_);
+    return expert_load_.get();
+  }
 
   std::string render() const;
 
@@ -124,11 +142,15 @@ class Metrics {
     std::function<double()> read;
   };
   std::vector<Gauge> gauges_;
+  std::vector<std::function<void(std::string&)>> renderers_;
+  mutable std::mutex expert_load_mutex_;
   std::shared_ptr<ExpertLoad> expert_load_;
 };
 
 // Escapes a label value or help text for the exposition format.
 std::string prometheus_escape(std::string_view text, bool is_label);
+// "# HELP name help\n# TYPE name type\n".
+void prometheus_header(std::string& out, std::string_view name, std::string_view help, std::string_view type);
 // Formats a sample value ("+Inf", "NaN", shortest round-trip decimal otherwise).
 std::string prometheus_number(double value);
 

@@ -70,59 +70,144 @@ bool bearer_matches(std::string_view authorization, std::string_view key) {
   return difference == 0 && !key.empty();
 }
 
-Service::Service(const Config& config, std::shared_ptr<const Model> model, ChatTemplate chat, Scheduler& scheduler,
+std::optional<ApiError> ActiveJob::damage() const {
+  if (!generation || !generation->is_damaged()) return std::nullopt;
+  ApiError error = ApiError::unavailable(
+      fmt::format("the model file {} changed under the server while this request ran (it was truncated or "
+                  "overwritten); the request was stopped and the model will be reloaded",
+                  generation->path),
+      5);
+  error.code = "model_damaged";
+  return error;
+}
+
+Service::Service(LoadedConfig config, Metrics& metrics)
+    : settings_(std::make_shared<const LoadedConfig>(std::move(config))), metrics_(metrics) {}
+
+Service::Service(const Config& config, std::shared_ptr<const Model> model, ChatTemplate chat, SchedulerOptions options,
                  Metrics& metrics)
-    : config_(config),
-      model_(std::move(model)),
-      chat_(std::move(chat)),
-      scheduler_(scheduler),
-      metrics_(metrics),
-      model_id_(served_model_id(config)),
-      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-                   .count()) {}
+    : Service(LoadedConfig{config, {}, {}}, metrics) {
+  auto generation = std::make_shared<Generation>();
+  generation->number = 1;
+  generation->id = served_model_id(config);
+  generation->path = config.model;
+  generation->scheduler = std::make_unique<Scheduler>(model, options, metrics);
+  generation->model = std::move(model);
+  generation->chat = std::make_unique<ChatTemplate>(std::move(chat));
+  generation->memory = "map";
+  swap(std::move(generation));
+}
+
+std::shared_ptr<Generation> Service::current() const {
+  std::lock_guard lock(mutex_);
+  return current_;
+}
+
+std::shared_ptr<Generation> Service::swap(std::shared_ptr<Generation> next) {
+  std::lock_guard lock(mutex_);
+  std::swap(current_, next);
+  return next;
+}
+
+std::shared_ptr<const LoadedConfig> Service::settings() const {
+  std::lock_guard lock(mutex_);
+  return settings_;
+}
+
+void Service::set_settings(LoadedConfig config) {
+  auto next = std::make_shared<const LoadedConfig>(std::move(config));
+  std::lock_guard lock(mutex_);
+  settings_ = std::move(next);
+}
 
 void Service::begin_drain() {
   draining_.store(true, std::memory_order_relaxed);
-  scheduler_.begin_drain();
+  if (auto generation = current()) generation->scheduler->begin_drain();
 }
 
-ModelInfo Service::model_info() const {
-  const ModelConfig& c = model_->config();
+bool Service::ready() const { return not_ready_reason().empty(); }
+
+std::string Service::not_ready_reason() const {
+  if (draining()) return "draining: the server is shutting down";
+  auto generation = current();
+  if (!generation) return "no model loaded (unloaded by SIGUSR1 or the first load failed); reload to load one";
+  if (generation->is_damaged()) return "the model file changed under the server (SIGBUS); waiting for a valid file to reload";
+  return {};
+}
+
+Expected<std::shared_ptr<Generation>> Service::usable() const {
+  auto generation = current();
+  if (!generation) {
+    ApiError error = ApiError::unavailable("no model loaded: the server was told to unload it (SIGUSR1) or its "
+                                           "load failed; it serves again after a successful reload (SIGHUP or "
+                                           "POST /admin/reload)",
+                                           5);
+    error.code = "no_model_loaded";
+    return error;
+  }
+  if (generation->is_damaged()) {
+    ApiError error = ApiError::unavailable(
+        fmt::format("the model file {} changed under the server (truncated or overwritten while mapped); requests "
+                    "are refused until a valid file is reloaded",
+                    generation->path),
+        5);
+    error.code = "model_damaged";
+    return error;
+  }
+  return generation;
+}
+
+std::string Service::model_id() const {
+  auto generation = current();
+  return generation ? generation->id : std::string();
+}
+
+std::optional<ModelInfo> Service::model_info() const {
+  auto generation = current();
+  if (!generation) return std::nullopt;
+  const Model& model = *generation->model;
+  const ModelConfig& c = model.config();
   ModelInfo info;
-  info.id = model_id_;
+  info.id = generation->id;
   info.architecture = c.arch ? std::string(c.arch->model_type) : std::string();
-  info.path = model_->path().string();
+  info.path = generation->path;
   info.n_layers = c.n_layers;
   info.hidden = c.hidden;
   info.vocab = c.vocab;
   info.n_experts = c.n_experts;
   info.top_k = c.top_k;
-  info.max_context = scheduler_.context();
-  info.max_sessions = scheduler_.max_sessions();
-  info.weight_scheme = model_->weight_scheme();
-  info.chat_template = std::string(chat_.name());
-  info.weight_bytes = model_->weight_bytes();
+  info.max_context = generation->scheduler->context();
+  info.max_sessions = generation->scheduler->max_sessions();
+  info.weight_scheme = model.weight_scheme();
+  info.chat_template = std::string(generation->chat->name());
+  info.weight_bytes = model.weight_bytes();
   for (std::size_t l = 0; l < c.layer_is_moe.size(); ++l)
     if (c.layer_is_moe[l]) info.moe_layers.push_back(static_cast<std::int32_t>(l));
-  info.created = created_;
+  info.created = generation->loaded_unix;
+  info.checksum = generation->checksum;
+  info.load_seconds = generation->load_seconds;
+  info.generation = generation->number;
+  info.memory = generation->memory;
+  info.damaged = generation->is_damaged();
   return info;
 }
 
-std::optional<ApiError> Service::check_model(std::string_view requested) const {
-  if (requested.empty() || requested == model_id_) return std::nullopt;
+std::optional<ApiError> Service::check_model(const Generation& generation, std::string_view requested) const {
+  if (requested.empty() || requested == generation.id) return std::nullopt;
   ApiError error = ApiError::not_found(
       fmt::format("the model \"{}\" does not exist; this server serves \"{}\" (GET /v1/models)", quoted(requested),
-                  model_id_),
+                  generation.id),
       "model_not_found");
   error.param = "model";
   return error;
 }
 
-Expected<std::vector<std::int32_t>> Service::prompt_ids(const GenerationRequest& request) const {
-  const Tokenizer& tokenizer = model_->tokenizer();
-  const std::int32_t vocab = model_->config().vocab;
+Expected<std::vector<std::int32_t>> Service::prompt_ids(const Generation& generation,
+                                                        const GenerationRequest& request) const {
+  const Tokenizer& tokenizer = generation.model->tokenizer();
+  const std::int32_t vocab = generation.model->config().vocab;
   if (request.chat) {
-    auto ids = chat_.apply(request.messages, true);
+    auto ids = generation.chat->apply(request.messages, true);
     if (!ids) return ids.error();
     return std::move(ids.value());
   }
@@ -149,8 +234,13 @@ Expected<std::vector<std::int32_t>> Service::prompt_ids(const GenerationRequest&
   return std::move(ids).value();
 }
 
-Expected<GenerationJobSpec> Service::prepare(const GenerationRequest& request) const {
-  if (auto error = check_model(request.model)) return *error;
+Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
+  auto usable_generation = usable();
+  if (!usable_generation) return usable_generation.error();
+  std::shared_ptr<Generation> generation = std::move(usable_generation).value();
+  const auto settings = this->settings();
+  const Config& config_ = settings->config;
+  if (auto error = check_model(*generation, request.model)) return *error;
   // Sampling ranges as OpenAI/vLLM document them; temperature 0 is greedy.
   if (auto e = check_range(request.temperature, "temperature", 0, 2, false, "0 = greedy")) return *e;
   if (auto e = check_range(request.top_p, "top_p", 0, 1, true, "1 = off")) return *e;
@@ -179,10 +269,10 @@ Expected<GenerationJobSpec> Service::prepare(const GenerationRequest& request) c
                                          *request.max_tokens, config_.max_tokens_limit),
                              "max_tokens");
 
-  auto prompt = prompt_ids(request);
+  auto prompt = prompt_ids(*generation, request);
   if (!prompt) return prompt.error();
   const auto n_prompt = static_cast<std::int64_t>(prompt->size());
-  const std::int64_t n_ctx = scheduler_.context();
+  const std::int64_t n_ctx = generation->scheduler->context();
   auto context_error = [&](std::string message) {
     ApiError error = ApiError::invalid(std::move(message), request.chat ? "messages" : "prompt", "context_length_exceeded");
     error.extra = {{"n_prompt_tokens", n_prompt}, {"n_ctx", n_ctx}};
@@ -201,7 +291,9 @@ Expected<GenerationJobSpec> Service::prepare(const GenerationRequest& request) c
     return error;
   }
 
-  GenerationJobSpec spec;
+  PreparedJob job;
+  job.generation = generation;
+  GenerationJobSpec& spec = job.spec;
   spec.prompt = std::move(prompt).value();
   spec.max_tokens = static_cast<std::int32_t>(
       request.max_tokens ? *request.max_tokens : std::min(config_.default_max_tokens, n_ctx - n_prompt));
@@ -219,29 +311,39 @@ Expected<GenerationJobSpec> Service::prepare(const GenerationRequest& request) c
   if (!valid.ok()) return ApiError::invalid(valid.error().message);
   spec.stop = request.stop;
   if (!request.ignore_eos) {
-    const Tokenizer& tokenizer = model_->tokenizer();
+    const Tokenizer& tokenizer = generation->model->tokenizer();
     if (auto id = tokenizer.eos_id()) spec.end_ids.push_back(*id);
-    if (auto id = model_->config().eos_token_id) spec.end_ids.push_back(*id);
+    if (auto id = generation->model->config().eos_token_id) spec.end_ids.push_back(*id);
     if (request.chat)
-      spec.end_ids.insert(spec.end_ids.end(), chat_.end_of_turn().begin(), chat_.end_of_turn().end());
+      spec.end_ids.insert(spec.end_ids.end(), generation->chat->end_of_turn().begin(),
+                          generation->chat->end_of_turn().end());
   }
-  return spec;
+  return job;
 }
 
-Expected<std::shared_ptr<StreamChannel>> Service::start(GenerationJobSpec spec) {
-  if (!ready()) {
+Expected<ActiveJob> Service::start(PreparedJob job) {
+  if (draining()) {
     metrics_.rejected.inc({"draining"});
     return ApiError::unavailable("the server is shutting down and accepts no new generations", 5);
   }
-  return scheduler_.submit(std::move(spec));
+  ActiveJob active;
+  active.generation = std::move(job.generation);
+  active.prompt_tokens = static_cast<std::int32_t>(job.spec.prompt.size());
+  auto channel = active.generation->scheduler->submit(std::move(job.spec));
+  if (!channel) return channel.error();
+  active.channel = std::move(channel).value();
+  return active;
 }
 
 Expected<TokenizeResult> Service::tokenize(const TokenizeRequest& request) const {
-  if (auto error = check_model(request.model)) return *error;
+  auto usable_generation = usable();
+  if (!usable_generation) return usable_generation.error();
+  const Generation& generation = **usable_generation;
+  if (auto error = check_model(generation, request.model)) return *error;
   TokenizeResult result;
-  result.max_context = scheduler_.context();
+  result.max_context = generation.scheduler->context();
   if (request.messages) {
-    auto ids = chat_.apply(*request.messages, request.add_generation_prompt);
+    auto ids = generation.chat->apply(*request.messages, request.add_generation_prompt);
     if (!ids) return ids.error();
     result.ids = std::move(ids.value());
     return result;
@@ -253,15 +355,18 @@ Expected<TokenizeResult> Service::tokenize(const TokenizeRequest& request) const
   EncodeOptions options;
   options.add_special_tokens = request.add_special_tokens;
   options.parse_special = request.parse_special;
-  auto ids = model_->tokenizer().encode(*request.text, options);
+  auto ids = generation.model->tokenizer().encode(*request.text, options);
   if (!ids) return ApiError::invalid(fmt::format("cannot tokenize: {}", ids.error().message), "prompt");
   result.ids = std::move(ids).value();
   return result;
 }
 
 Expected<std::string> Service::detokenize(std::string_view model, const std::vector<std::int64_t>& ids) const {
-  if (auto error = check_model(model)) return *error;
-  const std::int32_t vocab = model_->config().vocab;
+  auto usable_generation = usable();
+  if (!usable_generation) return usable_generation.error();
+  const Generation& generation = **usable_generation;
+  if (auto error = check_model(generation, model)) return *error;
+  const std::int32_t vocab = generation.model->config().vocab;
   std::vector<std::int32_t> checked;
   checked.reserve(ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -270,13 +375,16 @@ Expected<std::string> Service::detokenize(std::string_view model, const std::vec
                                "tokens");
     checked.push_back(static_cast<std::int32_t>(ids[i]));
   }
-  auto text = model_->tokenizer().decode(checked);
+  auto text = generation.model->tokenizer().decode(checked);
   if (!text) return ApiError::invalid(text.error().message, "tokens");
   return utf8_replace_invalid(*text);
 }
 
 Expected<RouteResult> Service::route(const RouteRequest& request) const {
-  const ModelConfig& c = model_->config();
+  auto usable_generation = usable();
+  if (!usable_generation) return usable_generation.error();
+  const Generation& generation = **usable_generation;
+  const ModelConfig& c = generation.model->config();
   RouteResult result;
   if (request.rows.empty()) return ApiError::invalid("give at least one row of logits (or hidden values)", request.layer ? "hidden" : "logits");
   const Matrix* router = nullptr;
@@ -289,7 +397,7 @@ Expected<RouteResult> Service::route(const RouteRequest& request) const {
                                "layer");
     if (static_cast<std::size_t>(layer) >= c.layer_is_moe.size() || !c.layer_is_moe[static_cast<std::size_t>(layer)])
       return ApiError::invalid(fmt::format("layer {} is a dense layer with no router", layer), "layer");
-    router = &model_->weights().layers[static_cast<std::size_t>(layer)].router;
+    router = &generation.model->weights().layers[static_cast<std::size_t>(layer)].router;
     result.n_experts = c.n_experts;
     result.top_k = c.top_k;
     result.normalize = request.normalize.value_or(c.norm_topk);
@@ -340,6 +448,8 @@ Expected<RouteResult> Service::route(const RouteRequest& request) const {
     if (request.return_probabilities) choice.probabilities = probabilities;
     result.tokens.push_back(std::move(choice));
   }
+  // Router weights read from a file that was truncated meanwhile are zeros.
+  if (router != nullptr && generation.is_damaged()) return usable().error();
   return result;
 }
 

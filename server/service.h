@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "config.h"
 #include "metrics.h"
 #include "model/model.h"
+#include "model_generation.h"
 #include "scheduler.h"
 
 namespace colibri::server {
@@ -27,46 +30,77 @@ std::string served_model_id(const Config& config);
 // the configured key (CWE-208: a byte-by-byte early exit leaks the key).
 bool bearer_matches(std::string_view authorization, std::string_view key);
 
+// A checked request bound to the generation that checked it (its tokenizer,
+// template and context): it runs there even if a reload swaps the model
+// meanwhile.
+struct PreparedJob {
+  std::shared_ptr<Generation> generation;
+  GenerationJobSpec spec;
+};
+
+// An admitted request. The transport holds it until the stream ends, which
+// keeps the generation (and so its model and scheduler) alive until then.
+struct ActiveJob {
+  std::shared_ptr<Generation> generation;
+  std::shared_ptr<StreamChannel> channel;
+  std::int32_t prompt_tokens = 0;
+  // The error every request of a generation gets once its model file was
+  // found damaged under it (SIGBUS): nothing computed from then on is sent.
+  std::optional<ApiError> damage() const;
+};
+
 class Service {
  public:
-  Service(const Config& config, std::shared_ptr<const Model> model, ChatTemplate chat, Scheduler& scheduler,
+  Service(LoadedConfig config, Metrics& metrics);
+  // Tests and simple embedders: one generation made from parts.
+  Service(const Config& config, std::shared_ptr<const Model> model, ChatTemplate chat, SchedulerOptions options,
           Metrics& metrics);
 
-  const std::string& model_id() const { return model_id_; }
-  ModelInfo model_info() const;
-  const ChatTemplate& chat_template() const { return chat_; }
+  // The generation new requests start on; null while no model is loaded.
+  std::shared_ptr<Generation> current() const;
+  // Makes `next` current (null unloads) and returns the previous one.
+  std::shared_ptr<Generation> swap(std::shared_ptr<Generation> next);
+
+  std::shared_ptr<const LoadedConfig> settings() const;
+  void set_settings(LoadedConfig config);
+
+  // The served id, or "" with no model.
+  std::string model_id() const;
+  // nullopt with no model loaded.
+  std::optional<ModelInfo> model_info() const;
 
   // 404 for a model name other than the served one; an empty name means it.
-  std::optional<ApiError> check_model(std::string_view requested) const;
+  std::optional<ApiError> check_model(const Generation& generation, std::string_view requested) const;
 
   // Checks ranges, applies the chat template, tokenizes and checks the context
   // budget. Everything a client can get wrong is found here, before a stream
-  // starts.
-  Expected<GenerationJobSpec> prepare(const GenerationRequest& request) const;
+  // starts. 503 while no model is loaded or the model is damaged.
+  Expected<PreparedJob> prepare(const GenerationRequest& request) const;
   // Admission: 429 when full, 503 when draining.
-  Expected<std::shared_ptr<StreamChannel>> start(GenerationJobSpec spec);
+  Expected<ActiveJob> start(PreparedJob job);
 
   Expected<TokenizeResult> tokenize(const TokenizeRequest& request) const;
   // Text with invalid UTF-8 replaced by U+FFFD.
   Expected<std::string> detokenize(std::string_view model, const std::vector<std::int64_t>& ids) const;
   Expected<RouteResult> route(const RouteRequest& request) const;
 
-  bool ready() const { return !draining_.load(std::memory_order_relaxed); }
+  // Serving: not draining, a model loaded and not damaged.
+  bool ready() const;
+  // Why not ready ("draining", "no model loaded", "model damaged"), or "".
+  std::string not_ready_reason() const;
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
   void begin_drain();
-  const Config& config() const { return config_; }
-  Scheduler& scheduler() { return scheduler_; }
   Metrics& metrics() { return metrics_; }
 
  private:
-  Expected<std::vector<std::int32_t>> prompt_ids(const GenerationRequest& request) const;
+  // The current generation, or the 503 that says why there is none to use.
+  Expected<std::shared_ptr<Generation>> usable() const;
+  Expected<std::vector<std::int32_t>> prompt_ids(const Generation& generation, const GenerationRequest& request) const;
 
-  Config config_;
-  std::shared_ptr<const Model> model_;
-  ChatTemplate chat_;
-  Scheduler& scheduler_;
+  mutable std::mutex mutex_;
+  std::shared_ptr<Generation> current_;              // guarded by mutex_
+  std::shared_ptr<const LoadedConfig> settings_;     // guarded by mutex_
   Metrics& metrics_;
-  std::string model_id_;
-  std::int64_t created_ = 0;
   std::atomic<bool> draining_{false};
 };
 

@@ -189,7 +189,8 @@ TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
       {"GET", "/ready"},         {"GET", "/metrics"},          {"GET", "/v1/models"},
       {"GET", "/v1/models/x"},   {"POST", "/v1/completions"},  {"POST", "/v1/chat/completions"},
       {"POST", "/tokenize"},     {"POST", "/detokenize"},      {"POST", "/v1/route"},
-      {"GET", "/admin/config"},  {"POST", "/admin/reload"},    {"GET", "/no/such/route"}};
+      {"GET", "/admin/config"},  {"POST", "/admin/reload"},    {"GET", "/admin/logs"},
+      {"POST", "/admin/log-level"}, {"GET", "/no/such/route"}};
   for (const httplib::Headers& headers :
        {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer wrong-key-123"}},
         httplib::Headers{{"Authorization", "test-key-123"}}, httplib::Headers{{"X-Api-Key", "test-key-123"}}}) {

@@ -107,9 +107,12 @@ TEST_F(HttpServerTest, UnknownRouteAndWrongMethodAreJsonErrors) {
   auto wrong = http_post(port(), "/health", std::string("{}"));
   EXPECT_EQ(wrong.status, 405);
   EXPECT_EQ(wrong.json_body()["error"]["code"], "method_not_allowed");
+  // A reload of the same directory: loaded again, verified, swapped in.
   auto reload = http_post(port(), "/admin/reload", std::string("{}"));
-  EXPECT_EQ(reload.status, 501);
-  EXPECT_NE(reload.json_body()["error"]["message"].get<std::string>().find("not implemented"), std::string::npos);
+  ASSERT_EQ(reload.status, 200) << reload.body;
+  EXPECT_EQ(reload.json_body()["reloaded"], true);
+  EXPECT_EQ(reload.json_body()["checksum"].get<std::string>().rfind("xxh3:", 0), 0u) << reload.body;
+  EXPECT_EQ(http_post(port(), "/admin/reload", std::string(R"({"path": "/elsewhere"})")).status, 400);
   auto config = http_get(port(), "/admin/config");
   ASSERT_EQ(config.status, 200);
   EXPECT_GT(config.json_body()["options"].size(), 20u);

@@ -56,6 +56,37 @@ TEST(ServerConfig, ExampleFileIsGeneratedFromTheTable) {
   }
 }
 
+TEST(ServerConfig, ReloadRereadsTheFileAndKeepsRestartOnlyKeys) {
+  const std::string path = ::testing::TempDir() + "colibri-reload-config.json";
+  auto write = [&](const std::string& text) {
+    std::ofstream out(path);
+    out << text;
+  };
+  write(R"({"model": "m.colibri", "max_sessions": 4, "port": 8080, "log_level": "info"})");
+  std::vector<const char*> argv = {"colibri-server", "--config", path.c_str(), "--max-queue", "3"};
+  auto first = reread_config(static_cast<int>(argv.size()), argv.data(), env_from({}));
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  // The file changes a hot key, a restart-only key and the flag's key.
+  write(R"({"model": "m.colibri", "max_sessions": 8, "port": 9090, "log_level": "debug", "max_queue": 50})");
+  auto second = reread_config(static_cast<int>(argv.size()), argv.data(), env_from({{"COLIBRI_PREFILL_CHUNK", "7"}}));
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  std::vector<std::string> notes;
+  LoadedConfig merged = merge_reloaded_config(*first, *second, notes);
+  EXPECT_EQ(merged.config.max_sessions, 8);
+  EXPECT_EQ(merged.config.log_level, "debug");
+  EXPECT_EQ(merged.config.port, 8080) << "restart-only: keeps the running value";
+  EXPECT_EQ(merged.sources["port"], "file:" + path);
+  EXPECT_EQ(merged.config.max_queue, 3) << "a flag still overrides the file";
+  EXPECT_EQ(merged.config.prefill_chunk, 7) << "the environment is read again";
+  EXPECT_NE(std::find(notes.begin(), notes.end(), "max_sessions: 4 -> 8"), notes.end());
+  EXPECT_NE(std::find(notes.begin(), notes.end(), "port: 8080 -> 9090 needs a restart; keeping 8080"), notes.end());
+  write(R"({"model": "m.colibri", "max_sessions": 0})");
+  auto bad = reread_config(static_cast<int>(argv.size()), argv.data(), env_from({}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("max_sessions"), std::string::npos);
+  std::remove(path.c_str());
+}
+
 TEST(ServerConfig, DocsNameEveryKey) {
   std::ifstream in(std::string(COLIBRI_SOURCE_DIR) + "/docs/SERVER.md");
   ASSERT_TRUE(in) << "docs/SERVER.md is missing";
@@ -294,19 +325,18 @@ TEST_F(ServerWithModel, PrepareChecksRangesAndTheContextBudget) {
   SchedulerOptions options;
   options.max_sessions = 1;
   options.context = 32;
-  Scheduler scheduler(model_, options, metrics);
   Config config;
   config.model = kFixture;
   auto chat = ChatTemplate::select(*model_, "auto");
   ASSERT_TRUE(chat.ok());
-  Service service(config, model_, std::move(*chat), scheduler, metrics);
+  Service service(config, model_, std::move(*chat), options, metrics);
   EXPECT_EQ(service.model_id(), "qwen3moe-tiny");
 
   GenerationRequest request;
   request.prompt = "Hello world";
   auto ok = service.prepare(request);
   ASSERT_TRUE(ok.ok()) << ok.error().message;
-  EXPECT_EQ(ok->max_tokens, 32 - static_cast<std::int32_t>(ok->prompt.size()));  // default clamped to the room left
+  EXPECT_EQ(ok->spec.max_tokens, 32 - static_cast<std::int32_t>(ok->spec.prompt.size()));  // default clamped to the room left
 
   auto expect_param = [&](GenerationRequest r, const std::string& param) {
     auto result = service.prepare(r);
@@ -353,11 +383,10 @@ TEST_F(ServerWithModel, RouteOnCraftedLogits) {
   SchedulerOptions options;
   options.max_sessions = 1;
   options.context = 16;
-  Scheduler scheduler(model_, options, metrics);
   Config config;
   config.model = kFixture;
   auto chat = ChatTemplate::select(*model_, "auto");
-  Service service(config, model_, std::move(*chat), scheduler, metrics);
+  Service service(config, model_, std::move(*chat), options, metrics);
   RouteRequest request;
   request.n_experts = 4;
   request.top_k = 2;

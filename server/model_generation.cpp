@@ -1,0 +1,254 @@
+#include "model_generation.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <vector>
+
+#include "format/colibri_file.h"
+#include "service.h"
+#include "sigbus_guard.h"
+
+namespace colibri::server {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+FileStamp stamp_of_file(const fs::path& path) {
+  FileStamp stamp;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return stamp;  // follows a symlink: its target is what is loaded
+  stamp.exists = true;
+  stamp.device = static_cast<std::uint64_t>(st.st_dev);
+  stamp.inode = static_cast<std::uint64_t>(st.st_ino);
+  stamp.size = static_cast<std::uint64_t>(st.st_size);
+  stamp.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return stamp;
+}
+
+// XXH3-64 over every regular file of a directory (names and contents, sorted
+// by name), or over one file, read with plain reads.
+Result<std::uint64_t> hash_files(const fs::path& path) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& entry : fs::directory_iterator(path, ec))
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) return make_error("out of memory");
+  XXH3_64bits_reset(state);
+  std::vector<char> buffer(1 << 20);
+  for (const fs::path& file : files) {
+    const std::string name = file.filename().string();
+    XXH3_64bits_update(state, name.data(), name.size());
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+      XXH3_freeState(state);
+      return make_error("{}: cannot read", file.string());
+    }
+    while (in) {
+      in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+      XXH3_64bits_update(state, buffer.data(), static_cast<std::size_t>(in.gcount()));
+    }
+  }
+  const std::uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
+// min(MemAvailable, the cgroup's limit minus its usage): what a new model may
+// still take without pushing this process (or its cgroup) into the OOM killer.
+std::uint64_t available_memory() {
+  std::uint64_t available = UINT64_MAX;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  }
+  auto read_number = [](const fs::path& p) -> std::optional<std::uint64_t> {
+    std::ifstream in(p);
+    std::string text;
+    if (!(in >> text) || text == "max") return std::nullopt;
+    try {
+      return std::stoull(text);
+    } catch (...) {
+      return std::nullopt;
+    }
+  };
+  // cgroup v2 (this process's own group), else v1's memory controller.
+  std::ifstream self("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(self, line)) {
+    std::optional<std::uint64_t> limit, usage;
+    if (line.rfind("0::", 0) == 0) {
+      const fs::path dir = fs::path("/sys/fs/cgroup") / line.substr(4);
+      limit = read_number(dir / "memory.max");
+      usage = read_number(dir / "memory.current");
+    } else if (auto at = line.find(":memory:"); at != std::string::npos) {
+      const fs::path dir = fs::path("/sys/fs/cgroup/memory") / line.substr(at + 9);
+      limit = read_number(dir / "memory.limit_in_bytes");
+      usage = read_number(dir / "memory.usage_in_bytes");
+    }
+    // v1 reports "no limit" as a huge number.
+    if (limit && usage && *limit < (1ull << 60)) available = std::min(available, *limit > *usage ? *limit - *usage : 0);
+  }
+  return available;
+}
+
+// Replaces the file-backed pages of a mapping by anonymous pages holding the
+// same bytes, at the same addresses, so every weight view stays valid and no
+// later change to the file can reach the served model.
+Status pin_in_memory(std::span<const std::uint8_t> bytes, const std::string& path) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t length = (bytes.size() + page - 1) / page * page;
+  void* copy = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return make_error("{}: cannot allocate {} MiB to copy the model: {}", path, length >> 20, std::strerror(errno));
+  {
+    sigbus::LoadScope scope;
+    std::memcpy(copy, bytes.data(), bytes.size());
+    if (scope.faulted()) {
+      ::munmap(copy, length);
+      return make_error("{}: the file was truncated while it was copied into memory; not loaded", path);
+    }
+  }
+  ::mprotect(copy, length, PROT_READ);
+  void* moved = ::mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, const_cast<std::uint8_t*>(bytes.data()));
+  if (moved == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(copy, length);
+    return make_error("{}: cannot move the copied model over its mapping: {}", path, std::strerror(err));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+FileStamp FileStamp::of(const fs::path& path) {
+  FileStamp stamp = stamp_of_file(path);
+  std::error_code ec;
+  if (!stamp.exists || !fs::is_directory(path, ec)) return stamp;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    const FileStamp file = stamp_of_file(entry.path());
+    stamp.size += file.size;
+    stamp.inode ^= file.inode;
+    stamp.mtime_ns = std::max(stamp.mtime_ns, file.mtime_ns);
+  }
+  return stamp;
+}
+
+std::string xxh3_label(std::uint64_t value) { return fmt::format("xxh3:{:016x}", value); }
+
+Generation::~Generation() {
+  // The compute thread stops before the guard goes and the mapping with it.
+  if (scheduler) scheduler->stop();
+  scheduler.reset();
+  sigbus::unregister_range(guard_slot);
+}
+
+Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool verify, Metrics& metrics) {
+  auto generation = std::make_shared<Generation>();
+  generation->path = config.model;
+  generation->id = served_model_id(config);
+  generation->stamp = FileStamp::of(config.model);
+  if (!generation->stamp.exists) return make_error("{}: no such file or directory", config.model);
+  const auto start = Clock::now();
+
+  std::shared_ptr<const Model> model;
+  {
+    sigbus::LoadScope scope;
+    LoadOptions options;
+    options.verify_checksums = verify;
+    auto loaded = Model::load(config.model, options);
+    if (!loaded) return loaded.error();
+    model = *loaded;
+    const auto bytes = model->mapped_bytes();
+    if (!bytes.empty()) {
+      auto image = parse_colibri(bytes, config.model);
+      if (!image) return image.error();
+      const auto head = std::min<std::uint64_t>(image->header.data_offset, bytes.size());
+      generation->checksum = xxh3_label(colibri_checksum(bytes.first(head)));
+      generation->memory = config.model_memory;
+    } else {
+      auto digest = hash_files(config.model);
+      if (!digest) return digest.error();
+      generation->checksum = xxh3_label(*digest);
+      generation->memory = "converted";
+    }
+    if (scope.faulted())
+      return make_error("{}: the file was truncated while it was being read (SIGBUS caught); not loaded",
+                        config.model);
+  }
+
+  // Memory for the new sessions' KV caches (and the copy) must be there now:
+  // the old model keeps its own until its last request ends.
+  const ModelConfig& c = model->config();
+  std::int64_t context = config.context_length;
+  if (context == 0) context = std::min<std::int64_t>(c.max_positions > 0 ? c.max_positions : Session::kDefaultMaxContext,
+                                                     Session::kDefaultMaxContext);
+  const double kv = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
+                    static_cast<double>(context) * static_cast<double>(config.max_sessions);
+  const bool copy = config.model_memory == "copy" && !model->mapped_bytes().empty();
+  const double needed = kv + (copy ? static_cast<double>(model->mapped_bytes().size()) : 0.0);
+  const std::uint64_t available = available_memory();
+  if (needed > static_cast<double>(available))
+    return make_error("{}: not enough memory: the new model needs {:.0f} MiB (KV cache {:.0f} MiB{}) but {} MiB are "
+                      "available (MemAvailable, cgroup memory limit); lower max_sessions or context_length",
+                      config.model, needed / (1 << 20), kv / (1 << 20),
+                      copy ? fmt::format(" + weights copied {} MiB", model->mapped_bytes().size() >> 20) : "",
+                      available >> 20);
+  if (copy) COLIBRI_TRY(pin_in_memory(model->mapped_bytes(), config.model));
+
+  auto chat = ChatTemplate::select(*model, config.chat_template);
+  if (!chat) return chat.error();
+  generation->chat = std::make_unique<ChatTemplate>(std::move(chat).value());
+
+  SchedulerOptions options;
+  options.max_sessions = static_cast<std::int32_t>(config.max_sessions);
+  options.max_queue = static_cast<std::int32_t>(config.max_queue);
+  options.context = static_cast<std::int32_t>(config.context_length);
+  options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
+  options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
+  options.queue_timeout_ms = config.queue_timeout_ms;
+  options.routing_metrics = config.routing_metrics;
+  options.compute_threads = static_cast<std::int32_t>(config.compute_threads);
+  options.compute_cores = parse_core_list(config.compute_cores).value_or(std::vector<std::int32_t>{});
+  try {
+    generation->scheduler = std::make_unique<Scheduler>(model, options, metrics);
+  } catch (const std::bad_alloc&) {
+    return make_error("{}: not enough memory for {} sessions of {} positions", config.model, config.max_sessions,
+                      context);
+  }
+  if (!copy && !model->mapped_bytes().empty()) {
+    const auto bytes = model->mapped_bytes();
+    generation->guard_slot = sigbus::register_range(bytes.data(), bytes.size(), &generation->damaged);
+    if (generation->guard_slot < 0) spdlog::warn("SIGBUS guard: no free slot; {} is not guarded", config.model);
+  }
+  generation->model = std::move(model);
+  generation->load_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  generation->loaded_unix =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return generation;
+}
+
+}  // namespace colibri::server

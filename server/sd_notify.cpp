@@ -1,0 +1,57 @@
+#include "sd_notify.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include <fmt/format.h>
+
+namespace colibri::server {
+
+SystemdNotifier::SystemdNotifier() {
+  const char* socket_path = std::getenv("NOTIFY_SOCKET");
+  if (socket_path == nullptr || socket_path[0] == '\0') return;
+  address_ = socket_path;
+  if ((address_[0] != '/' && address_[0] != '@') || address_.size() >= sizeof(sockaddr_un::sun_path)) {
+    address_.clear();
+    return;
+  }
+  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  // The watchdog is ours only if WATCHDOG_PID is unset or names this process
+  // (systemd sets it so a child that inherits the environment does not ping).
+  const char* usec = std::getenv("WATCHDOG_USEC");
+  const char* pid = std::getenv("WATCHDOG_PID");
+  if (usec != nullptr && (pid == nullptr || std::strtol(pid, nullptr, 10) == ::getpid())) {
+    const long long value = std::strtoll(usec, nullptr, 10);
+    if (value > 0) watchdog_ = std::chrono::microseconds(value / 2);
+  }
+}
+
+SystemdNotifier::~SystemdNotifier() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool SystemdNotifier::notify(std::string_view state) const {
+  if (fd_ < 0) return false;
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, address_.data(), address_.size());
+  socklen_t length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address_.size());
+  if (address_[0] == '@') address.sun_path[0] = '\0';  // abstract namespace
+  else length += 1;                                    // the terminating NUL of a path
+  const ssize_t sent = ::sendto(fd_, state.data(), state.size(), MSG_NOSIGNAL,
+                                reinterpret_cast<const sockaddr*>(&address), length);
+  return sent == static_cast<ssize_t>(state.size());
+}
+
+std::string SystemdNotifier::monotonic_usec() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return fmt::format("MONOTONIC_USEC={}", static_cast<long long>(now.tv_sec) * 1000000 + now.tv_nsec / 1000);
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,347 @@
+// Hot reload and files changed under the server, end to end: a real
+// colibri-server serving a .colibri file that the tests replace (rename over
+// it), corrupt, truncate while it is mapped, unload (SIGUSR1) and reload
+// (SIGHUP), while client threads keep sending requests. Two different valid
+// files come from one fixture converted as f32 and as int8.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "server_harness.h"
+
+namespace colibri::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+class ReloadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("colibri-reload-test-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    const std::string convert = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert";
+    for (const auto& [quant, name] : {std::pair{"f32", "a.colibri"}, std::pair{"int8", "b.colibri"}}) {
+      const std::string command = convert + " --input " + fixture_dir() + " --output " + (dir_ / name).string() +
+                                  " --quant " + quant + " --no-progress > /dev/null 2>&1";
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  void SetUp() override {
+    model_ = dir_ / ("model-" + std::to_string(counter_++) + ".colibri");
+    fs::copy_file(dir_ / "a.colibri", model_, fs::copy_options::overwrite_existing);
+  }
+  void TearDown() override { fs::remove(model_); }
+
+  // Replaces the served file the safe way: write elsewhere, rename over it.
+  void replace_with(const fs::path& source) {
+    const fs::path tmp = model_.string() + ".tmp";
+    fs::copy_file(source, tmp, fs::copy_options::overwrite_existing);
+    fs::rename(tmp, model_);
+  }
+
+  std::unique_ptr<ServerProcess> start(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--model", model_.string(), "--grpc-port", "-1", "--watch-quiet-ms", "100",
+                                     "--watch-interval-ms", "200", "--max-sessions", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string error;
+    auto server = ServerProcess::start(args, error);
+    EXPECT_NE(server, nullptr) << error;
+    return server;
+  }
+
+  static std::string checksum(int port) {
+    auto models = http_get(port, "/v1/models").json_body();
+    if (!models.is_object() || models["data"].empty()) return "";
+    return models["data"][0]["checksum"].get<std::string>();
+  }
+
+  // Waits until `done` holds (polling), up to `limit`.
+  static bool eventually(const std::function<bool()>& done, std::chrono::seconds limit = std::chrono::seconds(15)) {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  }
+
+  // Client threads sending short completions until stopped; every status is kept.
+  struct SteadyLoad {
+    std::atomic<bool> stop{false};
+    std::mutex mutex;
+    std::vector<int> statuses;
+    std::vector<std::string> failures;
+    std::vector<std::thread> threads;
+
+    SteadyLoad(int port, int clients) {
+      for (int c = 0; c < clients; ++c)
+        threads.emplace_back([this, port, c] {
+          while (!stop.load()) {
+            auto res = http_post(port, "/v1/completions",
+                                 json{{"prompt", "steady " + std::to_string(c)}, {"max_tokens", 12}, {"ignore_eos", true}});
+            std::lock_guard lock(mutex);
+            statuses.push_back(res.status);
+            if (res.status != 200) failures.push_back(std::to_string(res.status) + " " + res.body);
+          }
+        });
+    }
+    std::size_t finish() {
+      stop = true;
+      for (auto& t : threads) t.join();
+      threads.clear();
+      return statuses.size();
+    }
+    ~SteadyLoad() {
+      if (!threads.empty()) finish();
+    }
+  };
+
+  static fs::path dir_;
+  static int counter_;
+  fs::path model_;
+};
+fs::path ReloadTest::dir_;
+int ReloadTest::counter_ = 0;
+
+TEST_F(ReloadTest, SwapUnderSteadyLoadFailsNoRequestAndOldStreamsFinish) {
+  auto server = start();
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string before = checksum(port);
+  ASSERT_EQ(before.rfind("xxh3:", 0), 0u) << before;
+
+  // A long stream that starts on the old model and must finish there.
+  SseResult old_stream;
+  std::atomic<bool> old_started{false};
+  std::thread streamer([&] {
+    old_stream = http_stream(port, "/v1/completions",
+                             json{{"prompt", "old model"}, {"max_tokens", 600}, {"ignore_eos", true}, {"stream", true}},
+                             [&](const json&) {
+                               old_started = true;
+                               return true;
+                             });
+  });
+  ASSERT_TRUE(eventually([&] { return old_started.load(); }));
+  SteadyLoad load(port, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  replace_with(dir_ / "b.colibri");
+  ASSERT_TRUE(eventually([&] { return checksum(port) != before; })) << server->log();
+  const std::string after = checksum(port);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // requests on the new model too
+  const std::size_t sent = load.finish();
+  streamer.join();
+
+  EXPECT_GT(sent, 10u);
+  EXPECT_TRUE(load.failures.empty()) << load.failures.size() << " failed, first: " << load.failures.front();
+  EXPECT_EQ(after.rfind("xxh3:", 0), 0u);
+  // The stream that began before the swap ran to its end, on the old model.
+  ASSERT_TRUE(old_stream.done) << old_stream.raw.substr(0, 500);
+  ASSERT_FALSE(old_stream.events.empty());
+  EXPECT_EQ(old_stream.events.back()["choices"][0]["finish_reason"], "length");
+  const std::string log = server->log();
+  const std::size_t at = log.find("completion_tokens=600 ttft_ms=");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find("model=" + before), std::string::npos) << line;
+  EXPECT_TRUE(eventually([&] { return server->log().find("generation 1 (") != std::string::npos; }))
+      << "the old generation is retired once its last stream ended";
+
+  auto models = http_get(port, "/v1/models").json_body();
+  EXPECT_EQ(models["data"][0]["generation"], 2);
+  EXPECT_EQ(models["data"][0]["weight_scheme"], "int8");
+  const std::string metrics = http_get(port, "/metrics").body;
+  EXPECT_EQ(metric_value(metrics, "colibri_reloads_total{result=\"ok\"}"), 1);
+  EXPECT_NE(metrics.find("checksum=\"" + after + "\""), std::string::npos);
+}
+
+TEST_F(ReloadTest, CorruptOrTruncatedReplacementKeepsTheOldModel) {
+  auto server = start();
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string before = checksum(port);
+  SteadyLoad load(port, 2);
+
+  // One byte flipped in the data region: every structure parses, a checksum fails.
+  const fs::path corrupt = dir_ / "corrupt.colibri";
+  fs::copy_file(dir_ / "b.colibri", corrupt, fs::copy_options::overwrite_existing);
+  {
+    std::fstream file(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-100, std::ios::end);
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(-100, std::ios::end);
+    byte = static_cast<char>(byte ^ 0x5a);
+    file.write(&byte, 1);
+  }
+  replace_with(corrupt);
+  auto failed = [&] {
+    return metric_value(http_get(port, "/metrics").body, "colibri_reloads_total{result=\"failed\"}");
+  };
+  ASSERT_TRUE(eventually([&] { return failed() >= 1; })) << server->log();
+  // Half a file, as a copy that stopped midway leaves it.
+  const fs::path half = dir_ / "half.colibri";
+  fs::copy_file(dir_ / "b.colibri", half, fs::copy_options::overwrite_existing);
+  fs::resize_file(half, fs::file_size(half) / 2);
+  replace_with(half);
+  ASSERT_TRUE(eventually([&] { return failed() >= 2; })) << server->log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  load.finish();
+
+  EXPECT_TRUE(load.failures.empty()) << load.failures.front();
+  EXPECT_EQ(checksum(port), before);
+  EXPECT_EQ(http_get(port, "/ready").status, 200);
+  const std::string log = server->log();
+  EXPECT_NE(log.find("checksum mismatch"), std::string::npos) << log;
+  EXPECT_NE(log.find("still serving"), std::string::npos);
+  fs::remove(corrupt);
+  fs::remove(half);
+}
+
+TEST_F(ReloadTest, Sigusr1UnloadsAndSighupLoadsAgain) {
+  auto server = start();
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  ASSERT_EQ(http_get(port, "/ready").status, 200);
+  kill(server->pid(), SIGUSR1);
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/ready").status == 503; }));
+  auto refused = http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.json_body()["error"]["code"], "no_model_loaded") << refused.body;
+  EXPECT_TRUE(http_get(port, "/v1/models").json_body()["data"].empty());
+  EXPECT_EQ(http_get(port, "/health").json_body()["model"], "none");
+  EXPECT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_model_loaded"), 0);
+
+  kill(server->pid(), SIGHUP);
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/ready").status == 200; })) << server->log();
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+  EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["generation"], 2);
+}
+
+TEST_F(ReloadTest, TruncationWhileMappedFailsOnlyAffectedRequestsThenServesAgain) {
+  auto server = start({"--watch-model", "poll"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  // A running stream and a running non-streamed request when the file shrinks.
+  SseResult stream;
+  HttpResult plain;
+  std::atomic<bool> streaming{false};
+  std::thread streamer([&] {
+    stream = http_stream(port, "/v1/completions",
+                         json{{"prompt", "doomed"}, {"max_tokens", 3000}, {"ignore_eos", true}, {"stream", true}},
+                         [&](const json&) {
+                           streaming = true;
+                           return true;
+                         });
+  });
+  std::thread waiter([&] {
+    plain = http_post(port, "/v1/completions", json{{"prompt", "doomed too"}, {"max_tokens", 3000}, {"ignore_eos", true}});
+  });
+  ASSERT_TRUE(eventually([&] { return streaming.load(); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fs::resize_file(model_, 0);  // in place: the served mapping now lies beyond the end of file
+  streamer.join();
+  waiter.join();
+
+  EXPECT_EQ(kill(server->pid(), 0), 0) << "the server died: " << server->log();
+  ASSERT_FALSE(stream.events.empty());
+  EXPECT_EQ(stream.events.back()["error"]["code"], "model_damaged") << stream.raw.substr(stream.raw.size() - 400);
+  EXPECT_TRUE(stream.done);
+  EXPECT_EQ(plain.status, 503) << plain.body;
+  EXPECT_EQ(plain.json_body()["error"]["code"], "model_damaged");
+  EXPECT_EQ(http_get(port, "/ready").status, 503);
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 503);
+  EXPECT_EQ(http_get(port, "/health").json_body()["model"], "damaged");
+  EXPECT_GE(metric_value(http_get(port, "/metrics").body, "colibri_model_faults_total{kind=\"sigbus\"}"), 1);
+
+  // A valid file again: the watcher loads it and the server serves again.
+  replace_with(dir_ / "b.colibri");
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/ready").status == 200; })) << server->log();
+  auto again = http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 4}});
+  EXPECT_EQ(again.status, 200) << again.body;
+  EXPECT_NE(server->log().find("SIGBUS in the mapping"), std::string::npos);
+}
+
+TEST_F(ReloadTest, CopiedModelIsNotAffectedByTruncation) {
+  auto server = start({"--model-memory", "copy"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string before = checksum(port);
+  fs::resize_file(model_, 0);
+  auto res = http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 200}, {"ignore_eos", true}});
+  EXPECT_EQ(res.status, 200) << res.body;
+  auto failed = [&] {
+    return metric_value(http_get(port, "/metrics").body, "colibri_reloads_total{result=\"failed\"}");
+  };
+  ASSERT_TRUE(eventually([&] { return failed() >= 1; })) << "the truncated file is tried and refused";
+  EXPECT_EQ(http_get(port, "/ready").status, 200);
+  EXPECT_EQ(checksum(port), before);
+  EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["memory"], "copy");
+}
+
+TEST_F(ReloadTest, AdminReloadReportsChecksumOrError) {
+  auto server = start({"--watch-model", "off"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string before = checksum(port);
+  replace_with(dir_ / "b.colibri");
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(checksum(port), before) << "watch_model off: no reload by itself";
+  auto ok = http_post(port, "/admin/reload", std::string("{}"));
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_NE(ok.json_body()["checksum"], before);
+  EXPECT_EQ(ok.json_body()["checksum"], checksum(port));
+  fs::resize_file(model_, 1000);
+  auto bad = http_post(port, "/admin/reload", std::string("{}"));
+  EXPECT_EQ(bad.status, 422) << bad.body;
+  EXPECT_EQ(bad.json_body()["error"]["code"], "model_load_failed");
+  EXPECT_EQ(http_get(port, "/ready").status, 200) << "the old model still serves";
+}
+
+TEST_F(ReloadTest, AdminLogsShowRecentLinesAndTheLevelChanges) {
+  const fs::path log_file = dir_ / "server.log";
+  auto server = start({"--log-file", log_file.string(), "--log-ring-lines", "50"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  ASSERT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 3}, {"ignore_eos", true}}).status, 200);
+  std::string logs;
+  ASSERT_TRUE(eventually([&] {
+    logs = http_get(port, "/admin/logs").body;
+    return logs.find("request id=cmpl-") != std::string::npos;
+  })) << logs;
+  EXPECT_NE(logs.find("prompt_tokens="), std::string::npos);
+  EXPECT_NE(logs.find("completion_tokens=3"), std::string::npos);
+  EXPECT_NE(logs.find("ttft_ms="), std::string::npos);
+  EXPECT_NE(logs.find("status=200"), std::string::npos);
+  auto one = http_get(port, "/admin/logs?lines=1&format=json").json_body();
+  EXPECT_EQ(one["lines"].size(), 1u);
+  EXPECT_EQ(http_get(port, "/admin/logs?lines=zero").status, 400);
+  // The file gets the same lines, flushed within about a second.
+  EXPECT_TRUE(eventually([&] {
+    std::ifstream in(log_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str().find("request id=cmpl-") != std::string::npos;
+  }));
+  EXPECT_EQ(http_post(port, "/admin/log-level", json{{"level", "loud"}}).status, 400);
+  auto level = http_post(port, "/admin/log-level", json{{"level", "debug"}});
+  ASSERT_EQ(level.status, 200) << level.body;
+  EXPECT_EQ(level.json_body()["previous"], "info");
+  auto config = http_get(port, "/admin/config").json_body();
+  for (const auto& option : config["options"]) {
+    if (option["name"] == "log_level") {
+      EXPECT_EQ(option["value"], "debug");
+    }
+  }
+  fs::remove(log_file);
+}
+
+}  // namespace
+}  // namespace colibri::test
