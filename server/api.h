@@ -91,6 +91,7 @@ struct GenerationJobSpec {
   std::int32_t max_tokens = 0;
   std::vector<std::string> stop;
   std::vector<std::int32_t> end_ids;  // ids that end the generation (EOS, end of turn)
+  std::string request_id;             // as the transport logs it; names the request in [ROUTER] lines
 };
 
 // How a generation ended, in OpenAI's vocabulary where one exists.

@@ -47,8 +47,9 @@ const std::array kOptions = {
                "(and again for the new model during a reload).",
                Reload::Hot},
     OptionSpec{"max_sessions", &C::max_sessions, 1, 1024, "",
-               "Generations that run at once (continuous batching: each scheduler step advances "
-               "every one of them by a token). Each owns a KV cache allocated at start.",
+               "Generations that run at once (continuous batching: each scheduler step feeds one token "
+               "of every decoding generation plus one prompt chunk, see prefill_chunk). Each owns a KV "
+               "cache allocated at start.",
                Reload::Hot},
     OptionSpec{"max_queue", &C::max_queue, 0, 100000, "",
                "Requests that may wait for a free session; beyond it requests get 429 "
@@ -58,8 +59,11 @@ const std::array kOptions = {
                "How long a request may wait in the queue before it gets 503; 0 waits forever.",
                Reload::Hot},
     OptionSpec{"prefill_chunk", &C::prefill_chunk, 1, 65536, "",
-               "Prompt tokens processed per scheduler step across all prefilling requests, so a "
-               "long prompt does not stall running streams for more than this many token passes.",
+               "Largest prompt chunk per scheduler step (at most 512 tokens are used). Each step feeds "
+               "one token of every decoding generation together with up to this many prompt tokens of "
+               "the oldest generation still prefilling (the others wait their turn), so a long prompt "
+               "delays running streams by at most one chunk per step; larger chunks read each weight "
+               "fewer times per prompt.",
                Reload::Hot},
     OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
                "Threads of the compute team that splits each token's matrix products (the scheduler's own "
@@ -117,6 +121,31 @@ const std::array kOptions = {
                "Count which experts each layer's router chooses for every token (exported as "
                "colibri_expert_tokens_total{layer,expert} on /metrics).",
                Reload::Hot},
+    OptionSpec{"routing_mode", &C::routing_mode, 0, 0, "standard|int8|group-limited|hash|load-aware",
+               "How experts are chosen. standard: softmax top-k as the model was trained. The others are "
+               "opt-in trade-offs with their measured cost in docs/ROUTING.md: int8 (integer-only router "
+               "with an exact early-exit scan), group-limited (routing_n_group / routing_topk_group), hash "
+               "(for models trained with hash layers), load-aware (routing_load_window / "
+               "routing_load_threshold).",
+               Reload::Hot},
+    OptionSpec{"routing_n_group", &C::routing_n_group, 0, 256, "",
+               "group-limited routing: experts split into this many equal groups (0: 4 when the experts "
+               "divide by 4, else 2).",
+               Reload::Hot},
+    OptionSpec{"routing_topk_group", &C::routing_topk_group, 0, 256, "",
+               "group-limited routing: groups kept per token, ranked by their best expert (0: half).",
+               Reload::Hot},
+    OptionSpec{"routing_load_window", &C::routing_load_window, 1, 1 << 20, "",
+               "load-aware routing: tokens per layer in the sliding window of recent choices.",
+               Reload::Hot},
+    OptionSpec{"routing_load_threshold", &C::routing_load_threshold, 0.01, 1.0, "",
+               "load-aware routing: an expert chosen for more than this share of the window's tokens "
+               "passes further tokens to their next-best expert.",
+               Reload::Hot},
+    OptionSpec{"debug_routing", &C::debug_routing, 0, 0, "",
+               "Log one line per token and MoE layer: '[ROUTER] <request id> | <layer> | <experts> | "
+               "<weights> | <microseconds>'. Heavy: for debugging only. COLIBRI_DEBUG_ROUTING=1 sets it.",
+               Reload::Hot},
     OptionSpec{"verify_checksums", &C::verify_checksums, 0, 0, "",
                "For .colibri models, recompute every tensor and expert checksum at the first load. "
                "Reloads always verify every checksum before the new file is swapped in.",
@@ -156,6 +185,35 @@ const std::array kOptions = {
                "requests fail, the model is marked damaged and reloaded when a valid file appears. "
                "copy: copied into anonymous memory at load (needs the RAM, twice during a reload); "
                "later changes to the file cannot affect the served model.",
+               Reload::Hot},
+    // The expert store (docs/EXPERT_STORE.md). A reload builds a new
+    // generation with its own store, so every key is hot.
+    OptionSpec{"expert_cache_mb", &C::expert_cache_mb, 0, 1 << 30, "",
+               "MiB of routed-expert weights resident at once (.colibri models): the experts each token "
+               "chooses are loaded on demand and the least useful evicted, so a model larger than memory "
+               "runs with the same tokens. 0 keeps every expert in place in the file mapping. Below one "
+               "layer's top-k experts the load fails with the minimum in the message; a batch needing "
+               "more experts than fit runs them in waves. Hit/miss/bytes/stall counters per layer and "
+               "expert are on /metrics (colibri_expert_cache_*).",
+               Reload::Hot},
+    OptionSpec{"expert_cache_policy", &C::expert_cache_policy, 0, 0, "lru|lfu|fifo",
+               "Which resident expert leaves when the budget is full: least recently used, least "
+               "frequently used, or first loaded.",
+               Reload::Hot},
+    OptionSpec{"expert_cache_io", &C::expert_cache_io, 0, 0, "pread-direct|pread|mmap",
+               "How experts are read: pread-direct (O_DIRECT into the store's memory; no page cache, so "
+               "nothing outside the budget grows), pread (through the page cache), mmap (the file "
+               "mapping, populated on load and paged out on eviction). Measured in docs/EXPERT_STORE.md.",
+               Reload::Hot},
+    OptionSpec{"expert_prefetch", &C::expert_prefetch, 0, 0, "off|on|next",
+               "off (default: it won the measurements, docs/EXPERT_STORE.md): read a missing expert when "
+               "it is needed; on: read a layer's missing experts in parallel on two loader threads; next: "
+               "also prefetch the experts the next layer will likely choose (its router applied to this "
+               "layer's state).",
+               Reload::Hot},
+    OptionSpec{"pinned_experts", &C::pinned_experts, 0, 0, "",
+               "Experts loaded at start and never evicted, as layer:expert,layer:expert (e.g. "
+               "\"0:3,0:17,5:2\"); they count against expert_cache_mb.",
                Reload::Hot},
 };
 

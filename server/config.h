@@ -53,6 +53,12 @@ struct Config {
   std::string api_key_file;
   std::string chat_template = "auto";
   bool routing_metrics = true;
+  std::string routing_mode = "standard";
+  std::int64_t routing_n_group = 0;
+  std::int64_t routing_topk_group = 0;
+  std::int64_t routing_load_window = 64;
+  double routing_load_threshold = 0.5;
+  bool debug_routing = false;
   bool verify_checksums = false;
   std::string log_level = "info";
   bool log_requests = true;
@@ -62,6 +68,11 @@ struct Config {
   std::int64_t watch_interval_ms = 2000;
   std::int64_t watch_quiet_ms = 500;
   std::string model_memory = "map";
+  std::int64_t expert_cache_mb = 0;
+  std::string expert_cache_policy = "lru";
+  std::string expert_cache_io = "pread-direct";
+  std::string expert_prefetch = "off";
+  std::string pinned_experts;
 };
 
 // When a changed value takes effect. Hot: at the next reload (SIGHUP, POST

@@ -263,6 +263,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
         if (enabled) record.log();
       }
     } log_at_exit{record, log};
+    prepared->spec.request_id = record.id;
     auto started = service_.start(std::move(*prepared));
     if (!started) {
       record.status = started.error().status;

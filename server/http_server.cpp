@@ -318,12 +318,13 @@ void HttpServer::install() {
       if (!prepared) return send_error(res, prepared.error());
       const std::string model_id = prepared->generation->id;
       const std::string checksum = prepared->generation->checksum;
+      ResponseIds ids = new_response_ids(chat, model_id);
+      prepared->spec.request_id = ids.id;
       auto started = service_.start(std::move(*prepared));
       if (!started) return send_error(res, started.error());
       ActiveJob job = std::move(*started);
       std::shared_ptr<StreamChannel> channel = job.channel;
       const auto poll = std::chrono::milliseconds(service_.settings()->config.disconnect_poll_ms);
-      ResponseIds ids = new_response_ids(chat, model_id);
       auto record = std::make_shared<RequestRecord>();
       record->id = ids.id;
       record->api = "http";

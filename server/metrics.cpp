@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include "store/expert_store.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -160,7 +162,60 @@ std::string Metrics::render() const {
     load = expert_load_;
   }
   if (load) load->render(out);
+  std::shared_ptr<const ExpertStore> store;
+  {
+    std::lock_guard lock(expert_load_mutex_);
+    store = expert_store_;
+  }
+  if (store) render_expert_store(*store, out);
   return out;
+}
+
+void render_expert_store(const ExpertStore& store, std::string& out) {
+  const ExpertStoreStats stats = store.stats();
+  struct Family {
+    const char* name;
+    const char* help;
+    double (*value)(const ExpertCounters&);
+  };
+  const Family families[] = {
+      {"colibri_expert_cache_hits_total",
+       "Expert acquires that found the expert resident or already being read (prefetched), per layer and expert.",
+       [](const ExpertCounters& c) { return static_cast<double>(c.hits); }},
+      {"colibri_expert_cache_misses_total", "Expert acquires that had to read the expert, per layer and expert.",
+       [](const ExpertCounters& c) { return static_cast<double>(c.misses); }},
+      {"colibri_expert_cache_read_bytes_total", "Bytes of expert blocks read from the model file, per layer and expert.",
+       [](const ExpertCounters& c) { return static_cast<double>(c.bytes_read); }},
+      {"colibri_expert_cache_stall_seconds_total",
+       "Seconds the forward pass waited for the expert's bytes, per layer and expert.",
+       [](const ExpertCounters& c) { return static_cast<double>(c.stall_ns) / 1e9; }},
+  };
+  for (const Family& family : families) {
+    header(out, family.name, family.help, "counter");
+    for (std::int32_t l = 0; l < stats.n_layers; ++l)
+      for (std::int32_t e = 0; e < stats.n_experts; ++e) {
+        const ExpertCounters& c = stats.experts[static_cast<std::size_t>(l) * static_cast<std::size_t>(stats.n_experts) +
+                                                static_cast<std::size_t>(e)];
+        if (c.hits == 0 && c.misses == 0) continue;  // never accessed
+        out += fmt::format("{}{{layer=\"{}\",expert=\"{}\"}} {}\n", family.name, l, e,
+                           prometheus_number(family.value(c)));
+      }
+  }
+  const ExpertStoreTotals& t = stats.totals;
+  auto scalar = [&out](const char* name, const char* help, const char* type, double value) {
+    header(out, name, help, type);
+    out += fmt::format("{} {}\n", name, prometheus_number(value));
+  };
+  scalar("colibri_expert_cache_evictions_total", "Experts evicted to make room.", "counter",
+         static_cast<double>(t.evictions));
+  scalar("colibri_expert_cache_prefetch_issued_total", "Expert reads queued ahead of use.", "counter",
+         static_cast<double>(t.prefetch_issued));
+  scalar("colibri_expert_cache_prefetch_wasted_total", "Prefetched experts evicted before any use.", "counter",
+         static_cast<double>(t.prefetch_wasted));
+  scalar("colibri_expert_cache_resident_experts", "Experts resident or being read now.", "gauge",
+         static_cast<double>(t.resident));
+  scalar("colibri_expert_cache_budget_bytes", "Bytes of expert slots (expert_cache_mb, in whole slots).", "gauge",
+         static_cast<double>(stats.slot_count * stats.slot_bytes));
 }
 
 }  // namespace colibri::server

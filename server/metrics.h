@@ -16,6 +16,10 @@
 #include <string_view>
 #include <vector>
 
+namespace colibri {
+class ExpertStore;
+}
+
 namespace colibri::server {
 
 class Counter {
@@ -134,6 +138,14 @@ class Metrics {
     return expert_load_.get();
   }
 
+  // The served model's expert store (null: none). Its counters are relaxed
+  // atomics read here at scrape time, off the compute thread. Replaced like
+  // the routing counts when a reload builds a new scheduler.
+  void set_expert_store(std::shared_ptr<const ExpertStore> store) {
+    std::lock_guard lock(expert_load_mutex_);
+    expert_store_ = std::move(store);
+  }
+
   std::string render() const;
 
  private:
@@ -145,7 +157,12 @@ class Metrics {
   std::vector<std::function<void(std::string&)>> renderers_;
   mutable std::mutex expert_load_mutex_;
   std::shared_ptr<ExpertLoad> expert_load_;
+  std::shared_ptr<const ExpertStore> expert_store_;
 };
+
+// The expert store's counters in the exposition format: per layer and expert
+// (experts never accessed are left out), and the store's totals.
+void render_expert_store(const ExpertStore& store, std::string& out);
 
 // Escapes a label value or help text for the exposition format.
 std::string prometheus_escape(std::string_view text, bool is_label);

@@ -1,5 +1,7 @@
 #include "model_generation.h"
 
+#include "store/expert_store.h"
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "format/colibri_file.h"
+#include "runtime/routing_fidelity.h"
 #include "service.h"
 #include "sigbus_guard.h"
 
@@ -209,7 +212,9 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   const double kv = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
                     static_cast<double>(context) * static_cast<double>(config.max_sessions);
   const bool copy = config.model_memory == "copy" && !model->mapped_bytes().empty();
-  const double needed = kv + (copy ? static_cast<double>(model->mapped_bytes().size()) : 0.0);
+  // An expert store's slots are allocated when it opens, below.
+  const double needed = kv + (copy ? static_cast<double>(model->mapped_bytes().size()) : 0.0) +
+                        static_cast<double>(config.expert_cache_mb) * 1048576.0;
   const std::uint64_t available = available_memory();
   if (needed > static_cast<double>(available))
     return make_error("{}: not enough memory: the new model needs {:.0f} MiB (KV cache {:.0f} MiB{}) but {} MiB are "
@@ -233,6 +238,37 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   options.routing_metrics = config.routing_metrics;
   options.compute_threads = static_cast<std::int32_t>(config.compute_threads);
   options.compute_cores = parse_core_list(config.compute_cores).value_or(std::vector<std::int32_t>{});
+  options.debug_routing = config.debug_routing;
+  if (config.routing_mode != "standard") {
+    RoutingOptions routing;
+    routing.mode = *routing_mode_from_name(config.routing_mode);  // the config's choices are the mode names
+    const std::int32_t experts = model->config().n_experts;
+    routing.n_group = config.routing_n_group > 0 ? static_cast<std::int32_t>(config.routing_n_group)
+                                                 : (experts % 4 == 0 ? 4 : 2);
+    routing.topk_group = config.routing_topk_group > 0 ? static_cast<std::int32_t>(config.routing_topk_group)
+                                                       : std::max(1, routing.n_group / 2);
+    routing.load_window = static_cast<std::int32_t>(config.routing_load_window);
+    routing.load_threshold = config.routing_load_threshold;
+    auto router = make_mode_router(*model, routing);
+    if (!router) return make_error("routing_mode {}: {}", config.routing_mode, router.error().message);
+    options.router = *router;
+  }
+  if (config.expert_cache_mb > 0) {
+    // The config's choices are the parsers' names.
+    ExpertStoreOptions store;
+    store.budget_bytes = static_cast<std::uint64_t>(config.expert_cache_mb) << 20;
+    store.policy = *parse_policy(config.expert_cache_policy);
+    store.io = *parse_io(config.expert_cache_io);
+    store.prefetch = config.expert_prefetch != "off";
+    store.predict_next = config.expert_prefetch == "next";
+    auto pinned = parse_pinned(config.pinned_experts);
+    if (!pinned) return make_error("pinned_experts: {}", pinned.error().message);
+    store.pinned = std::move(*pinned);
+    auto opened = ExpertStore::open(model, std::move(store));
+    if (!opened) return make_error("expert_cache_mb {}: {}", config.expert_cache_mb, opened.error().message);
+    if (!(*opened)->io_note().empty()) spdlog::warn("expert store: {}", (*opened)->io_note());
+    options.expert_store = std::move(*opened);
+  }
   try {
     generation->scheduler = std::make_unique<Scheduler>(model, options, metrics);
   } catch (const std::bad_alloc&) {

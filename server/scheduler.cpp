@@ -1,5 +1,6 @@
 #include "scheduler.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -46,31 +47,30 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
   for (std::int32_t i = 0; i < options_.max_sessions; ++i) {
     // Sessions are only stepped through batch_, so their own forward pass
     // needs room for one token.
-    pool_.push_back(std::make_unique<Session>(model_, options_.context, team_.get(), 1));
+    pool_.push_back(
+        std::make_unique<Session>(model_, options_.context, team_.get(), 1, options_.expert_store.get()));
     free_.push_back(pool_.back().get());
   }
   context_ = pool_.front()->max_context();
   prefill_chunk_ = std::clamp(options_.prefill_chunk, 1, std::min(kMaxPrefillChunk, context_));
   const std::int32_t capacity = options_.max_sessions + prefill_chunk_;
-  batch_ = std::make_unique<BatchDecoder>(model_, capacity, team_.get(), context_);
+  batch_ = std::make_unique<BatchDecoder>(model_, capacity, team_.get(), context_, options_.expert_store.get());
+  metrics_.set_expert_store(options_.expert_store);
   items_.reserve(static_cast<std::size_t>(capacity));
   item_jobs_.reserve(static_cast<std::size_t>(capacity));
   const ModelConfig& config = model_->config();
   if (options_.routing_metrics && config.n_experts > 0) {
     expert_load_ = std::make_shared<ExpertLoad>(config.n_layers, config.n_experts);
     metrics_.set_expert_load(expert_load_);
-    route_probabilities_.resize(static_cast<std::size_t>(config.n_experts));
-    route_weights_.resize(static_cast<std::size_t>(config.top_k));
-    route_experts_.resize(static_cast<std::size_t>(config.top_k));
-    // The session's tensor hook sees each layer's router logits; choosing the
-    // experts again from them (a softmax over n_experts) is the only way to
-    // observe routing without changing the engine.
-    for (auto& session : pool_) {
-      session->set_tensor_hook([this](std::string_view name, std::int32_t layer, std::int32_t,
-                                      std::span<const float> values) {
-        if (layer >= 0 && name == "router_logits") observe_router(layer, values);
+  }
+  session_request_.assign(pool_.size(), nullptr);
+  for (std::size_t i = 0; i < pool_.size(); ++i) {
+    if (options_.router != nullptr) pool_[i]->set_router(options_.router);
+    if (expert_load_ != nullptr || options_.debug_routing)
+      pool_[i]->set_routing_observer([this, i](std::int32_t layer, std::int32_t, std::span<const std::int32_t> experts,
+                                               std::span<const float> weights, std::int64_t ns) {
+        observe_route(i, layer, experts, weights, ns);
       });
-    }
   }
 }
 
@@ -234,6 +234,8 @@ void Scheduler::start_job(Job& job) {
   job.history.assign(job.spec.prompt.begin(), job.spec.prompt.end());
   job.logits.resize(static_cast<std::size_t>(vocab));
   job.channel->mark_started();
+  for (std::size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].get() == job.session) session_request_[i] = &job.spec.request_id;
 }
 
 void Scheduler::add_prefill(Job& job) {
@@ -344,13 +346,17 @@ void Scheduler::finish(Job& job, Finish reason, std::optional<ApiError> error) {
   metrics_.request_duration.observe(std::chrono::duration<double>(Clock::now() - job.enqueued).count());
 }
 
-void Scheduler::observe_router(std::int32_t layer, std::span<const float> logits) {
-  const ModelConfig& config = model_->config();
-  const RouterSpec spec{config.n_experts, config.top_k, config.norm_topk};
-  if (layer >= expert_load_->n_layers() || logits.size() != route_probabilities_.size()) return;
-  Status routed = route_top_k(spec, logits, route_probabilities_, route_experts_, route_weights_);
-  if (!routed.ok()) return;  // the forward pass reports the same failure itself
-  for (std::int32_t expert : route_experts_) expert_load_->add(layer, expert);
+void Scheduler::observe_route(std::size_t index, std::int32_t layer, std::span<const std::int32_t> experts,
+                              std::span<const float> weights, std::int64_t nanoseconds) {
+  if (expert_load_ != nullptr && layer < expert_load_->n_layers())
+    for (std::int32_t expert : experts) expert_load_->add(layer, expert);
+  if (options_.debug_routing) {
+    // The async logger queues the line (dropping the oldest when full): the
+    // compute thread formats it but never waits for the sink.
+    const std::string* id = session_request_[index];
+    spdlog::info("[ROUTER] {} | {} | {} | {:.4f} | {:.1f}", id != nullptr ? *id : std::string("-"), layer,
+                 fmt::join(experts, ","), fmt::join(weights, ","), static_cast<double>(nanoseconds) / 1000.0);
+  }
 }
 
 }  // namespace colibri::server

@@ -22,10 +22,15 @@
 #include "api.h"
 #include "metrics.h"
 #include "model/model.h"
+#include "moe/routing_modes.h"
 #include "runtime/batch_decoder.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "stream_channel.h"
+
+namespace colibri {
+class ExpertStore;
+}
 
 namespace colibri::server {
 
@@ -39,6 +44,13 @@ struct SchedulerOptions {
   std::size_t stream_buffer_chunks = 1024;
   std::int64_t queue_timeout_ms = 60000;  // 0: no limit
   bool routing_metrics = true;
+  // An opt-in routing mode shared by every session (null: standard routing).
+  std::shared_ptr<ModeRouter> router;
+  // Where routed experts are read from with a bounded budget (null: in
+  // place). Stepped only from the scheduler's compute thread; exported on
+  // /metrics from the scheduler's construction on.
+  std::shared_ptr<ExpertStore> expert_store;
+  bool debug_routing = false;  // one [ROUTER] log line per token and MoE layer
 };
 
 class Scheduler {
@@ -85,7 +97,9 @@ class Scheduler {
   void finish_with_flush(Job& job, Finish finish);
   void finish(Job& job, Finish finish, std::optional<ApiError> error = std::nullopt);
   void fail_queued(Job& job, Finish finish, ApiError error);
-  void observe_router(std::int32_t layer, std::span<const float> logits);
+  // The routing observer of pool session `index` (compute thread).
+  void observe_route(std::size_t index, std::int32_t layer, std::span<const std::int32_t> experts,
+                     std::span<const float> weights, std::int64_t nanoseconds);
 
   std::shared_ptr<const Model> model_;
   SchedulerOptions options_;
@@ -113,8 +127,8 @@ class Scheduler {
 
   // Routing statistics: scratch for route_top_k, used on the compute thread only.
   std::shared_ptr<ExpertLoad> expert_load_;
-  std::vector<float> route_probabilities_, route_weights_;
-  std::vector<std::int32_t> route_experts_;
+  // Request id of the job each pool session serves, for [ROUTER] lines.
+  std::vector<const std::string*> session_request_;
 };
 
 }  // namespace colibri::server

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,8 +21,14 @@
 #include "model/model.h"
 #include "moe/router.h"
 #include "read_bandwidth.h"
+#include "runtime/batch_decoder.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
+#include "store_flags.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace {
 
@@ -30,6 +37,34 @@ using colibri::benchtool::median;
 using colibri::benchtool::percentile;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// The disk's sequential read bandwidth for this file, measured here: up to
+// `bytes` from the middle of the file in 4 MiB O_DIRECT reads (no page cache,
+// so a cached file does not inflate it). 0 when O_DIRECT is refused.
+double disk_read_gbps(const std::string& path, std::uint64_t bytes) {
+  constexpr std::size_t kChunk = 4u << 20;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return 0;
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  void* buffer = ::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  double gbps = 0;
+  if (buffer != MAP_FAILED && size > static_cast<off_t>(kChunk)) {
+    const std::uint64_t span = std::min<std::uint64_t>(bytes, static_cast<std::uint64_t>(size) / 2) / kChunk * kChunk;
+    const off_t first = static_cast<off_t>(static_cast<std::uint64_t>(size) / 4 / kChunk * kChunk);
+    std::uint64_t done = 0;
+    const auto start = Clock::now();
+    while (done < span) {
+      const ssize_t got = ::pread(fd, buffer, kChunk, first + static_cast<off_t>(done));
+      if (got <= 0) break;
+      done += static_cast<std::uint64_t>(got);
+    }
+    const double seconds = seconds_since(start);
+    if (done > 0 && seconds > 0) gbps = static_cast<double>(done) / seconds / 1e9;
+  }
+  if (buffer != MAP_FAILED) ::munmap(buffer, kChunk);
+  ::close(fd);
+  return gbps;
+}
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "colibri-bench: %s\n", message.c_str());
@@ -71,9 +106,46 @@ std::int32_t argmax(std::span<const float> logits) {
 
 struct RequestResult {
   double prefill_seconds = 0;
+  double prefill_cpu_seconds = 0;  // process CPU time of the prefill (all team members)
   double ttft_seconds = 0;
   std::vector<double> step_seconds;    // one per decode step
   std::vector<double> router_seconds;  // router matvec time in each decode step
+  std::vector<std::array<double, 6>> phase_seconds;  // per decode step, see PhaseTimer
+};
+
+// Where a decode step's time goes, from the same tensor hook: each interval
+// between two emitted tensors is charged to the phase the later one ends.
+// "q" ends the attention norm + q/k/v products + RoPE; "attn_heads" the
+// attention over the cache; "attn_out"/"attn_residual" the o product and the
+// residual add; "router_logits" the FFN norm + router product; "ffn_out" the
+// top-k selection, the experts (gate/up, SwiGLU, down) and their weighted
+// sum; "logits" the final norm and lm_head. Time before "embed" and after
+// "logits" (the greedy pick) is not charged.
+struct PhaseTimer {
+  static constexpr const char* kNames[6] = {"qkv", "attention", "o", "router", "experts", "lm_head"};
+  bool active = false;
+  Clock::time_point last;
+  std::array<double, 6> step{};
+  void on_tensor(std::string_view name) {
+    if (!active) return;
+    const Clock::time_point now = Clock::now();
+    const double since = std::chrono::duration<double>(now - last).count();
+    last = now;
+    int phase = -1;
+    if (name == "q")
+      phase = 0;
+    else if (name == "attn_heads")
+      phase = 1;
+    else if (name == "attn_out" || name == "attn_residual")
+      phase = 2;
+    else if (name == "router_logits")
+      phase = 3;
+    else if (name == "ffn_out")
+      phase = 4;
+    else if (name == "logits")
+      phase = 5;
+    if (phase >= 0) step[static_cast<std::size_t>(phase)] += since;
+  }
 };
 
 // Times the router matvec of every layer through the session's tensor hook:
@@ -150,6 +222,8 @@ int main(int argc, char** argv) {
   std::size_t bandwidth_mib = 0;
   std::uint64_t seed = 1;
   bool json = false, no_pin = false;
+  std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
+  std::string prefill_activations = "same";
   app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
   app.add_option("-t,--threads", threads, "Threads in the team, the calling thread included")
       ->capture_default_str()
@@ -169,7 +243,28 @@ int main(int argc, char** argv) {
   app.add_option("--bandwidth-passes", passes, "Timed passes of the read test")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  app.add_option("--prefill-batch", prefill_batch,
+                 "Most prompt tokens per forward pass of Session::prefill (its prefill_batch)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--prefill-activations", prefill_activations,
+                 "Activation modes of prefill: 'same' as decode (int8 + residual plane, bit-identical to "
+                 "decoding token by token) or 'int8-ffn' (one int8 plane for the FFN gate and up products, "
+                 "Session::set_prefill_activation_modes(kPrefillInt8Ffn))")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"same", "int8-ffn"}));
   app.add_flag("--json", json, "Print one JSON document instead of the table");
+  colibri_tools::StoreFlags store_flags;
+  store_flags.add(app);
+  double cache_percent = 0;
+  app.add_option("--expert-cache-percent", cache_percent,
+                 "Like --expert-cache-mb, as a percentage of the model's expert bytes (overrides it)")
+      ->check(CLI::Range(0.0, 100.0));
+  std::uint64_t disk_test_mib = 1024;
+  app.add_option("--disk-test-mib", disk_test_mib,
+                 "With an expert store: MiB of the model file read sequentially with O_DIRECT to measure the "
+                 "disk (0 = skip)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::int32_t> cores;
@@ -198,11 +293,38 @@ int main(int argc, char** argv) {
 
   colibri::ThreadTeam team(threads, cores);
   if (!cores.empty()) team.pin_caller();
-  colibri::Session session(model, context, &team);
+  std::uint64_t expert_bytes = 0;
+  for (const colibri::ExpertBlockInfo& b : model->expert_blocks()) expert_bytes += b.size;
+  if (cache_percent > 0) {
+    if (expert_bytes == 0) return fail("--expert-cache-percent needs a .colibri model");
+    store_flags.cache_mb = cache_percent / 100.0 * static_cast<double>(expert_bytes) / 1048576.0;
+  }
+  auto opened_store = store_flags.open(model);
+  if (!opened_store) return fail(opened_store.error().message);
+  const std::unique_ptr<colibri::ExpertStore> store = std::move(*opened_store);
+  colibri::Session session(model, context, &team, prefill_batch, store.get());
+  // Expert-store counters over the timed decode steps only (prefill excluded).
+  colibri::ExpertStoreTotals decode_store{};
+  auto add_store_delta = [&decode_store](const colibri::ExpertStoreTotals& a, const colibri::ExpertStoreTotals& b) {
+    decode_store.hits += b.hits - a.hits;
+    decode_store.misses += b.misses - a.misses;
+    decode_store.bytes_read += b.bytes_read - a.bytes_read;
+    decode_store.stall_ns += b.stall_ns - a.stall_ns;
+    decode_store.evictions += b.evictions - a.evictions;
+    decode_store.prefetch_issued += b.prefetch_issued - a.prefetch_issued;
+    decode_store.prefetch_used += b.prefetch_used - a.prefetch_used;
+    decode_store.prefetch_wasted += b.prefetch_wasted - a.prefetch_wasted;
+  };
+  std::int64_t decode_steps_timed = 0;
+  if (prefill_activations == "int8-ffn") session.set_prefill_activation_modes(colibri::kPrefillInt8Ffn);
 
   RouterTimer router_timer;
-  session.set_tensor_hook([&router_timer](std::string_view name, std::int32_t, std::int32_t,
-                                          std::span<const float>) { router_timer.on_tensor(name); });
+  PhaseTimer phase_timer;
+  session.set_tensor_hook([&router_timer, &phase_timer](std::string_view name, std::int32_t, std::int32_t,
+                                                        std::span<const float>) {
+    router_timer.on_tensor(name);
+    phase_timer.on_tensor(name);
+  });
 
   // Random prompts over the ids below the tokenizer's last one (for synthetic
   // models: every id but <|endoftext|>), the same for every run with the same
@@ -225,23 +347,36 @@ int main(int argc, char** argv) {
     r.router_seconds.reserve(static_cast<std::size_t>(gen_tokens));
     const std::vector<std::int32_t> prompt = next_prompt();
     session.reset();
+    const double cpu_start = colibri::benchtool::process_cpu_seconds();
     const auto start = Clock::now();
     auto logits = session.prefill(prompt);
     if (!logits) return logits.error();
     r.prefill_seconds = seconds_since(start);
+    r.prefill_cpu_seconds = colibri::benchtool::process_cpu_seconds() - cpu_start;
     std::int32_t token = argmax(*logits);
     r.ttft_seconds = seconds_since(start);
     router_timer.active = timed;
+    phase_timer.active = timed;
+    r.phase_seconds.reserve(static_cast<std::size_t>(gen_tokens));
     for (std::int32_t i = 0; i < gen_tokens; ++i) {
       router_timer.step_total = 0;
+      const colibri::ExpertStoreTotals before = store ? store->totals() : colibri::ExpertStoreTotals{};
+      phase_timer.step = {};
       const auto step_start = Clock::now();
+      phase_timer.last = step_start;
       auto step = session.decode(token);
       if (!step) return step.error();
       token = argmax(*step);
       r.step_seconds.push_back(seconds_since(step_start));
+      if (store && timed) {
+        add_store_delta(before, store->totals());
+        ++decode_steps_timed;
+      }
       r.router_seconds.push_back(router_timer.step_total);
+      r.phase_seconds.push_back(phase_timer.step);
     }
     router_timer.active = false;
+    phase_timer.active = false;
     return r;
   };
 
@@ -266,11 +401,18 @@ int main(int argc, char** argv) {
   // Read before the bandwidth test, whose buffer would otherwise be the peak.
   const std::uint64_t peak_rss = colibri::benchtool::peak_rss_bytes().value_or(0);
 
+  // Prefill tokens per second of the team's CPU time (threads x CPU seconds
+  // actually received): what the prefill rate would be had the team had its
+  // cores the whole time. Stable on a shared machine where the wall-clock rate
+  // is not, so A/B comparisons use it (waiting members spin, so their waits
+  // count as used time, as they would on an idle machine).
+  std::vector<double> prefill_cpu_rates;
   std::vector<double> prefill_rates, decode_rates, ttfts, p50s, p95s, p99s, router_ms;
   for (const RequestResult& r : results) {
     double decode_total = 0;
     for (double s : r.step_seconds) decode_total += s;
     prefill_rates.push_back(prompt_tokens / r.prefill_seconds);
+    prefill_cpu_rates.push_back(prompt_tokens * threads / std::max(r.prefill_cpu_seconds, 1e-9));
     decode_rates.push_back(gen_tokens / decode_total);
     ttfts.push_back(r.ttft_seconds * 1e3);
     p50s.push_back(percentile(r.step_seconds, 50) * 1e3);
@@ -279,6 +421,16 @@ int main(int argc, char** argv) {
     router_ms.push_back(median(r.router_seconds) * 1e3);
   }
   const double decode_rate = median(decode_rates);
+  // Per phase: the median over every timed decode step of all requests.
+  nlohmann::json phases = nlohmann::json::object();
+  std::array<double, 6> phase_ms{};
+  for (std::size_t p = 0; p < phase_ms.size(); ++p) {
+    std::vector<double> values;
+    for (const RequestResult& r : results)
+      for (const auto& step : r.phase_seconds) values.push_back(step[p]);
+    phase_ms[p] = median(values) * 1e3;
+    phases[PhaseTimer::kNames[p]] = phase_ms[p];
+  }
   std::int32_t moe_layers = 0;
   for (bool moe : config.layer_is_moe) moe_layers += moe ? 1 : 0;
   const double top_k_ms = time_top_k(config) * moe_layers * 1e3;
@@ -297,6 +449,69 @@ int main(int argc, char** argv) {
       threads, read_cores, bandwidth_mib > 0 ? bandwidth_mib << 20 : colibri::bench::default_read_buffer_bytes(),
       passes);
   const double roofline = bandwidth.best > 0 ? static_cast<double>(traffic.total()) * decode_rate / bandwidth.best : 0;
+
+  // The expert store over the timed decode steps, and the disk it reads from,
+  // measured in this run: at a small budget decode is bounded by disk
+  // bandwidth / bytes read per token.
+  nlohmann::json store_report = nullptr;
+  std::string store_line, disk_line;
+  if (store) {
+    const double disk_gbps = disk_test_mib > 0 ? disk_read_gbps(model_path, disk_test_mib << 20) : 0;
+    const double steps = static_cast<double>(std::max<std::int64_t>(decode_steps_timed, 1));
+    const double bytes_per_token = static_cast<double>(decode_store.bytes_read) / steps;
+    const double stall_ms_per_token = static_cast<double>(decode_store.stall_ns) / 1e6 / steps;
+    const double disk_bound = bytes_per_token > 0 && disk_gbps > 0 ? disk_gbps * 1e9 / bytes_per_token : 0;
+    const colibri::ExpertPredictionCounts& predicted = session.decoder().prediction_counts();
+    // The store counts an acquire that waits for a prefetch in flight as a
+    // hit; the experts that were resident before their layer asked for them
+    // exclude those.
+    const std::uint64_t accesses = decode_store.hits + decode_store.misses;
+    const double resident_hit_rate =
+        accesses == 0 ? 0.0
+                      : static_cast<double>(decode_store.hits - std::min(decode_store.hits, decode_store.prefetch_used)) /
+                            static_cast<double>(accesses);
+    store_report = {{"budget_bytes", store->slot_count() * store->slot_bytes()},
+                    {"budget_fraction_of_experts",
+                     expert_bytes > 0 ? static_cast<double>(store->slot_count() * store->slot_bytes()) /
+                                            static_cast<double>(expert_bytes)
+                                      : 0.0},
+                    {"slots", store->slot_count()},
+                    {"slot_bytes", store->slot_bytes()},
+                    {"policy", std::string(colibri::policy_name(store_flags.open_policy()))},
+                    {"io", std::string(colibri::io_name(store->io()))},
+                    {"io_note", store->io_note()},
+                    {"prefetch", store_flags.prefetch},
+                    {"decode_hit_rate", decode_store.hit_rate()},
+                    {"decode_resident_hit_rate", resident_hit_rate},
+                    {"decode_bytes_read_per_token", bytes_per_token},
+                    {"decode_stall_ms_per_token", stall_ms_per_token},
+                    {"decode_evictions", decode_store.evictions},
+                    {"prefetch_issued", decode_store.prefetch_issued},
+                    {"prefetch_used", decode_store.prefetch_used},
+                    {"prefetch_wasted", decode_store.prefetch_wasted},
+                    {"prediction_chosen", predicted.chosen},
+                    {"prediction_predicted", predicted.predicted},
+                    {"disk_read_GBps", disk_gbps},
+                    {"disk_bound_tokens_per_s", disk_bound},
+                    {"decode_fraction_of_disk_bound", disk_bound > 0 ? decode_rate / disk_bound : 0.0}};
+    store_line = fmt::format(
+        "{} of {} expert bytes ({:.0f} %, {} slots), {}, {}, prefetch {}: hit rate {:.3f} (resident before "
+        "asked: {:.3f}), {} read per token, "
+        "stall {:.1f} ms per token{}",
+        gb(static_cast<double>(store->slot_count() * store->slot_bytes())), gb(static_cast<double>(expert_bytes)),
+        expert_bytes > 0 ? 100.0 * static_cast<double>(store->slot_count() * store->slot_bytes()) /
+                               static_cast<double>(expert_bytes)
+                         : 0.0,
+        store->slot_count(), colibri::policy_name(store_flags.open_policy()), colibri::io_name(store->io()),
+        store_flags.prefetch, decode_store.hit_rate(), resident_hit_rate, gb(bytes_per_token), stall_ms_per_token,
+        predicted.chosen > 0 ? fmt::format(", next-layer prediction {:.3f}", static_cast<double>(predicted.predicted) /
+                                                                            static_cast<double>(predicted.chosen))
+                             : std::string());
+    disk_line = disk_gbps > 0 ? fmt::format("{:.2f} GB/s (O_DIRECT, 4 MiB reads, {} MiB of the model file); "
+                                            "bound {:.2f} tokens/s, decode at {:.2f} x it",
+                                            disk_gbps, disk_test_mib, disk_bound, disk_bound > 0 ? decode_rate / disk_bound : 0.0)
+                              : std::string("not measured");
+  }
 
   const double fault_window = std::max(timed_seconds, 1e-9);
   const auto minor = faults_after.minor - faults_before.minor;
@@ -322,6 +537,7 @@ int main(int argc, char** argv) {
   nlohmann::json per_request = nlohmann::json::array();
   for (std::size_t i = 0; i < results.size(); ++i)
     per_request.push_back({{"prefill_tokens_per_s", prefill_rates[i]},
+                           {"prefill_tokens_per_team_cpu_s", prefill_cpu_rates[i]},
                            {"decode_tokens_per_s", decode_rates[i]},
                            {"ttft_ms", ttfts[i]},
                            {"p50_ms", p50s[i]},
@@ -330,6 +546,7 @@ int main(int argc, char** argv) {
 
   nlohmann::json report = {
       {"model", model_path},
+      {"expert_store", store_report},
       {"architecture", std::string(config.arch->display_name)},
       {"weight_scheme", model->weight_scheme()},
       {"file_bytes", file_size},
@@ -338,9 +555,12 @@ int main(int argc, char** argv) {
       {"cores", cores},
       {"prompt_tokens", prompt_tokens},
       {"gen_tokens", gen_tokens},
+      {"prefill_batch", prefill_batch},
+      {"prefill_activations", prefill_activations},
       {"requests", requests},
       {"warmup", warmup},
       {"prefill_tokens_per_s", median(prefill_rates)},
+      {"prefill_tokens_per_team_cpu_s", median(prefill_cpu_rates)},
       {"decode_tokens_per_s", decode_rate},
       {"ttft_ms", median(ttfts)},
       {"decode_latency_ms", {{"p50", median(p50s)}, {"p95", median(p95s)}, {"p99", median(p99s)}}},
@@ -351,6 +571,7 @@ int main(int argc, char** argv) {
         {"method",
          "matvec: FFN norm + router product of every layer, timed through the session's tensor hook during "
          "the timed decode steps; top_k: route_top_k timed alone on random logits, times the MoE layers"}}},
+      {"decode_phase_ms", phases},
       {"cpu_share", cpu_share},
       {"peak_rss_bytes", peak_rss},
       {"kv_cache_bytes", kv_bytes},
@@ -399,11 +620,17 @@ int main(int argc, char** argv) {
   line("load", fmt::format("{:.2f} s", load_seconds));
   line("cpu share", fmt::format("{:.0f} % of {} cores while timed (below 100 %: other processes took CPU time)",
                                 cpu_share * 100, threads));
-  line("prefill", fmt::format("{:.1f} tokens/s", median(prefill_rates)));
+  line("prefill", fmt::format("{:.1f} tokens/s (passes of at most {} tokens, activations {})", median(prefill_rates),
+                              prefill_batch, prefill_activations));
+  line("prefill per team CPU", fmt::format("{:.1f} tokens/s ({} x the CPU seconds received; the rate with the cores "
+                                           "to itself)", median(prefill_cpu_rates), threads));
   line("decode", fmt::format("{:.2f} tokens/s", decode_rate));
   line("time to first token", fmt::format("{:.1f} ms", median(ttfts)));
   line("decode latency", fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f})", median(p50s),
                                      median(p95s), median(p99s), median(p99s) / std::max(median(p50s), 1e-12)));
+  line("decode step phases", fmt::format("qkv {:.2f}, attention {:.2f}, o {:.2f}, router {:.2f}, experts {:.2f}, "
+                                         "lm_head {:.2f} ms (medians)",
+                                         phase_ms[0], phase_ms[1], phase_ms[2], phase_ms[3], phase_ms[4], phase_ms[5]));
   line("router per token", fmt::format("{:.3f} ms (product {:.3f} ms + top-k {:.3f} ms, {} MoE layers)",
                                        router_matvec_ms + top_k_ms, router_matvec_ms, top_k_ms, moe_layers));
   line("peak RSS", fmt::format("{} (budget 1.05 x file + KV cache {} = {})", gb(static_cast<double>(peak_rss)),
@@ -420,6 +647,10 @@ int main(int argc, char** argv) {
                    bandwidth.median / 1e9, bandwidth.threads, bandwidth.isa, bandwidth.buffer_bytes >> 20,
                    bandwidth.passes));
   line("roofline fraction", fmt::format("{:.1f} % of the best measured bandwidth", roofline * 100));
+  if (store) {
+    line("expert store (decode)", store_line);
+    line("disk read bandwidth", disk_line);
+  }
   for (std::int32_t m = 0; m < team.size(); ++m) {
     const colibri::Arena& arena = team.scratch_arena(m);
     line(m == 0 ? "scratch arenas" : "", fmt::format("member {}: {}{}", m, arena.describe(),

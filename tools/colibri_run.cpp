@@ -9,8 +9,10 @@
 #include <sstream>
 
 #include "model/model.h"
+#include "runtime/batch_decoder.h"
 #include "runtime/generator.h"
 #include "runtime/session.h"
+#include "store_flags.h"
 
 namespace {
 
@@ -108,6 +110,8 @@ int main(int argc, char** argv) {
                  "is fed in batches, so its lines come layer by layer for all its positions (use the "
                  "\"pos\" field)");
   app.add_flag("-q,--quiet", quiet, "Print only the generated text");
+  colibri_tools::StoreFlags store_flags;
+  store_flags.add(app);
   CLI11_PARSE(app, argc, argv);
 
   auto model = colibri::Model::load(model_path);
@@ -148,7 +152,14 @@ int main(int argc, char** argv) {
     tokens = std::move(ids).value();
   }
 
-  colibri::Session session(*model, context);
+  auto store = store_flags.open(*model);
+  if (!store) {
+    std::fprintf(stderr, "colibri-run: %s\n", store.error().message.c_str());
+    return 1;
+  }
+  if (*store && !(*store)->io_note().empty() && !quiet)
+    std::fprintf(stderr, "colibri-run: %s\n", (*store)->io_note().c_str());
+  colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get());
   std::ofstream dump;
   if (!dump_tensors.empty()) {
     dump.open(dump_tensors);
@@ -192,6 +203,21 @@ int main(int argc, char** argv) {
                  tokens.size(), output->tokens.size(),
                  std::string(colibri::finish_reason_name(output->finish)).c_str(), seconds,
                  static_cast<double>(tokens.size() + output->tokens.size()) / seconds);
+  if (!quiet && *store) {
+    const colibri::ExpertStoreTotals t = (*store)->totals();
+    std::fprintf(stderr,
+                 "colibri-run: expert store %llu slots of %.2f MiB: hit rate %.3f, %.1f MB read, stall %.2f s, "
+                 "%llu evictions\n",
+                 static_cast<unsigned long long>((*store)->slot_count()),
+                 static_cast<double>((*store)->slot_bytes()) / 1048576.0, t.hit_rate(),
+                 static_cast<double>(t.bytes_read) / 1e6, static_cast<double>(t.stall_ns) / 1e9,
+                 static_cast<unsigned long long>(t.evictions));
+    const colibri::ExpertPredictionCounts& p = session.decoder().prediction_counts();
+    if (p.chosen > 0)
+      std::fprintf(stderr, "colibri-run: next-layer prediction: %llu of %llu chosen experts predicted (%.3f)\n",
+                   static_cast<unsigned long long>(p.predicted), static_cast<unsigned long long>(p.chosen),
+                   static_cast<double>(p.predicted) / static_cast<double>(p.chosen));
+  }
 
   if (!logits_out.empty()) {
     nlohmann::json prompt_record = {

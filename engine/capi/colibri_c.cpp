@@ -24,6 +24,9 @@
 #include "runtime/generator.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "store/expert_store.h"
+
+#include <mutex>
 
 #ifndef COLIBRI_LIBRARY_VERSION
 #define COLIBRI_LIBRARY_VERSION "0.0.0"
@@ -31,6 +34,11 @@
 
 struct colibri_model {
   std::shared_ptr<const colibri::Model> model;
+  // With colibri_model_enable_expert_cache: the store every inference reads experts
+  // through. Its bookkeeping is single-threaded, so inferences on this model
+  // hold store_mutex for their whole run (per call, not per token).
+  std::unique_ptr<colibri::ExpertStore> store;
+  mutable std::mutex store_mutex;  // colibri_inference takes a const model
   std::string arch;
   std::string arch_name;
   std::string path;
@@ -158,10 +166,7 @@ colibri_status check_cache_policy(const char* function, const void* handle, cons
     case COLIBRI_CACHE_LRU:
     case COLIBRI_CACHE_LFU:
     case COLIBRI_CACHE_FIFO:
-      return failf(function, COLIBRI_ERR_UNSUPPORTED,
-                   "cache policy {} is valid, but this build has no expert store (every expert is resident), "
-                   "so there is no cache to apply it to; nothing was changed",
-                   static_cast<int>(policy));
+      return COLIBRI_OK;
   }
   return failf(function, COLIBRI_ERR_INVALID_ARGUMENT,
                "policy must be COLIBRI_CACHE_LRU (0), COLIBRI_CACHE_LFU (1) or COLIBRI_CACHE_FIFO (2), got {}",
@@ -247,7 +252,9 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     prompt.assign(input.ids.begin(), input.ids.end());
   }
 
-  Session session(model->model, params.n_ctx);
+  std::unique_lock<std::mutex> store_lock;
+  if (model->store) store_lock = std::unique_lock<std::mutex>(model->store_mutex);
+  Session session(model->model, params.n_ctx, nullptr, Session::kDefaultPrefillBatch, model->store.get());
   const std::size_t room = static_cast<std::size_t>(session.max_context());
   if (prompt.size() > room)
     return failf(function, COLIBRI_ERR_CONTEXT_FULL, "the prompt has {} tokens but the context holds {}",
@@ -346,6 +353,7 @@ COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_lo
     if (!model) return fail(fn, COLIBRI_ERR_LOAD, model.error().message);
     auto handle = std::make_unique<colibri_model>();
     handle->model = std::move(model).value();
+
     const colibri::ModelConfig& config = handle->model->config();
     if (config.arch != nullptr) {
       handle->arch = std::string(config.arch->model_type);
@@ -359,12 +367,77 @@ COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_lo
 
 COLIBRI_API void colibri_unload_model(colibri_model* model) { delete model; }
 
+COLIBRI_API colibri_expert_cache_options colibri_expert_cache_options_default(void) {
+  colibri_expert_cache_options options;
+  std::memset(&options, 0, sizeof options);
+  options.struct_size = sizeof options;
+  options.budget_mb = 0;
+  options.policy = COLIBRI_CACHE_LRU;
+  options.io = COLIBRI_CACHE_IO_PREAD_DIRECT;
+  options.prefetch = 0;  // measured: no gain on a mostly-resident decode (docs/EXPERT_STORE.md)
+  options.pinned_experts = nullptr;
+  return options;
+}
+
+COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* model,
+                                                             const colibri_expert_cache_options* options) {
+  constexpr const char* fn = "colibri_model_enable_expert_cache";
+  return guarded(fn, [&]() -> colibri_status {
+    if (model == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "model is NULL");
+    if (options == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "options is NULL");
+    if (auto s = check_struct_size(fn, "options", options); s != COLIBRI_OK) return s;
+    colibri::ExpertStoreOptions store;
+    if (options->budget_mb == 0 || options->budget_mb > (std::uint64_t{1} << 40))
+      return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "options->budget_mb must be 1 to 2^40, got {}",
+                   options->budget_mb);
+    store.budget_bytes = options->budget_mb << 20;
+    switch (options->policy) {
+      case COLIBRI_CACHE_LRU: store.policy = colibri::EvictionPolicy::LRU; break;
+      case COLIBRI_CACHE_LFU: store.policy = colibri::EvictionPolicy::LFU; break;
+      case COLIBRI_CACHE_FIFO: store.policy = colibri::EvictionPolicy::FIFO; break;
+      default:
+        return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT,
+                     "options->policy must be COLIBRI_CACHE_LRU (0), LFU (1) or FIFO (2), got {}", options->policy);
+    }
+    switch (options->io) {
+      case COLIBRI_CACHE_IO_PREAD_DIRECT: store.io = colibri::ExpertIo::PreadDirect; break;
+      case COLIBRI_CACHE_IO_PREAD: store.io = colibri::ExpertIo::Pread; break;
+      case COLIBRI_CACHE_IO_MMAP: store.io = colibri::ExpertIo::MmapAdvise; break;
+      default:
+        return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT,
+                     "options->io must be COLIBRI_CACHE_IO_PREAD_DIRECT (0), PREAD (1) or MMAP (2), got {}",
+                     options->io);
+    }
+    if (options->prefetch < 0 || options->prefetch > 2)
+      return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "options->prefetch must be 0, 1 or 2, got {}", options->prefetch);
+    store.prefetch = options->prefetch >= 1;
+    store.predict_next = options->prefetch == 2;
+    if (options->pinned_experts != nullptr) {
+      auto pinned = colibri::parse_pinned(options->pinned_experts);
+      if (!pinned) return fail(fn, COLIBRI_ERR_INVALID_ARGUMENT, pinned.error().message);
+      store.pinned = std::move(*pinned);
+    }
+    if (model->model->expert_blocks().empty())
+      return fail(fn, COLIBRI_ERR_UNSUPPORTED,
+                  "the expert store needs a .colibri model (its experts are stored as blocks); convert it with "
+                  "colibri-convert");
+    auto opened = colibri::ExpertStore::open(model->model, std::move(store));
+    if (!opened) return fail(fn, COLIBRI_ERR_LOAD, opened.error().message);
+    std::lock_guard lock(model->store_mutex);  // no inference may be running; cheap insurance
+    model->store = std::move(*opened);
+    return COLIBRI_OK;
+  });
+}
+
 COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibri_model_stats* out) {
   constexpr const char* fn = "colibri_model_info";
   return guarded(fn, [&]() -> colibri_status {
     if (model == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "model is NULL");
     if (out == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "out is NULL");
-    if (auto s = check_struct_size(fn, "out", out); s != COLIBRI_OK) return s;
+    // The header before the expert-store fields ended at expert_cache_bytes.
+    const bool short_stats = out->struct_size == offsetof(colibri_model_stats, expert_cache_bytes);
+    if (!short_stats)
+      if (auto s = check_struct_size(fn, "out", out); s != COLIBRI_OK) return s;
     const colibri::Model& m = *model->model;
     const colibri::ModelConfig& c = m.config();
     colibri_model_stats stats;
@@ -394,7 +467,20 @@ COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibr
     stats.bos_token_id = bos.value_or(-1);
     stats.eos_token_id = eos.value_or(-1);
     stats.weight_bytes = static_cast<uint64_t>(m.weight_bytes());
-    *out = stats;
+    if (model->store) {
+      const colibri::ExpertStoreTotals t = model->store->totals();  // relaxed atomics: any thread
+      stats.expert_cache_bytes = model->store->slot_count() * model->store->slot_bytes();
+      stats.expert_cache_hits = t.hits;
+      stats.expert_cache_misses = t.misses;
+      stats.expert_cache_bytes_read = t.bytes_read;
+      stats.expert_cache_stall_ns = t.stall_ns;
+    }
+    if (short_stats) {
+      stats.struct_size = out->struct_size;
+      std::memcpy(out, &stats, out->struct_size);
+    } else {
+      *out = stats;
+    }
     return COLIBRI_OK;
   });
 }
@@ -586,12 +672,28 @@ COLIBRI_API colibri_status colibri_route_batch_experts(colibri_router* router, c
 
 COLIBRI_API colibri_status colibri_set_cache_policy(colibri_router* router, colibri_cache_policy policy) {
   constexpr const char* fn = "colibri_set_cache_policy";
-  return guarded(fn, [&]() { return check_cache_policy(fn, router, "router", policy); });
+  return guarded(fn, [&]() -> colibri_status {
+    if (auto s = check_cache_policy(fn, router, "router", policy); s != COLIBRI_OK) return s;
+    return fail(fn, COLIBRI_ERR_UNSUPPORTED,
+                "a router has no expert store (it holds no experts), so there is no cache to apply the policy "
+                "to; nothing was changed (use colibri_model_set_cache_policy on a model given an expert store)");
+  });
 }
 
 COLIBRI_API colibri_status colibri_model_set_cache_policy(colibri_model* model, colibri_cache_policy policy) {
   constexpr const char* fn = "colibri_model_set_cache_policy";
-  return guarded(fn, [&]() { return check_cache_policy(fn, model, "model", policy); });
+  return guarded(fn, [&]() -> colibri_status {
+    if (auto s = check_cache_policy(fn, model, "model", policy); s != COLIBRI_OK) return s;
+    if (!model->store)
+      return fail(fn, COLIBRI_ERR_UNSUPPORTED,
+                  "the model has no expert store (colibri_model_enable_expert_cache: every expert is resident), "
+                  "so there is no cache to apply the policy to; nothing was changed");
+    // An atomic the store reads at its next eviction: safe while inferences run.
+    model->store->set_policy(policy == COLIBRI_CACHE_LFU    ? colibri::EvictionPolicy::LFU
+                             : policy == COLIBRI_CACHE_FIFO ? colibri::EvictionPolicy::FIFO
+                                                            : colibri::EvictionPolicy::LRU);
+    return COLIBRI_OK;
+  });
 }
 
 COLIBRI_API void colibri_free(colibri_router* router) { delete router; }

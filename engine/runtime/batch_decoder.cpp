@@ -1,13 +1,17 @@
 #include "runtime/batch_decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cassert>
 #include <cmath>
 
 #include "kernels/quantize.h"
 #include "kernels/reference.h"
 #include "moe/router.h"
+#include "moe/routing_modes.h"
 #include "runtime/thread_team.h"
+#include "store/expert_prediction.h"
+#include "store/expert_store.h"
 
 namespace colibri {
 namespace {
@@ -45,8 +49,8 @@ std::int32_t smallest_group(const ModelWeights& w) {
 }  // namespace
 
 BatchDecoder::BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capacity, ThreadTeam* team,
-                           std::int32_t max_context)
-    : model_(std::move(model)), capacity_(std::max(capacity, 1)), team_(team) {
+                           std::int32_t max_context, ExpertStore* store)
+    : model_(std::move(model)), capacity_(std::max(capacity, 1)), team_(team), store_(store) {
   const ModelConfig& c = model_->config();
   max_context_ = max_context > 0 ? std::min(max_context, c.max_positions)
                                  : std::min(c.max_positions, Session::kDefaultMaxContext);
@@ -100,6 +104,20 @@ BatchDecoder::BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capa
   pool_xq_.resize(pointers);
   pool_y_.resize(pointers);
   logit_slots_.resize(cap);
+  if (store_ != nullptr) {
+    expert_ptr_.resize(static_cast<std::size_t>(c.n_experts));
+    held_.resize(static_cast<std::size_t>(c.n_experts));
+    missing_.resize(static_cast<std::size_t>(c.n_experts));
+    next_moe_.assign(static_cast<std::size_t>(c.n_layers), -1);
+    const auto& layers = model_->weights().layers;
+    for (std::int32_t l = c.n_layers - 2, next = -1; l >= 0; --l) {
+      if (layers[static_cast<std::size_t>(l) + 1].is_moe) next = l + 1;
+      next_moe_[static_cast<std::size_t>(l)] = next;
+    }
+    predict_x_.resize(static_cast<std::size_t>(c.hidden));
+    predict_logits_.resize(static_cast<std::size_t>(c.n_experts));
+    predicted_.resize(cap * top_k);
+  }
   if (team_ != nullptr) team_->reserve_scratch(static_cast<std::size_t>(max_context_) * sizeof(float));
 }
 
@@ -182,9 +200,104 @@ void BatchDecoder::emit(std::int32_t s, const char* name, std::int32_t layer, co
 }
 
 const FfnWeights& BatchDecoder::expert_weights(std::int32_t layer, std::int32_t expert) const {
-  // The one place routed-expert weights are reached: an expert store that keeps
-  // a bounded set of experts in memory hooks in here.
+  // The one place routed-expert weights are reached. With a store, the views
+  // of the slot acquire_experts() holds for this layer: the same formats and
+  // bytes as the mapping, so the products are bit-identical.
+  if (store_ != nullptr) return *expert_ptr_[static_cast<std::size_t>(expert)];
   return model_->weights().layers[static_cast<std::size_t>(layer)].experts[static_cast<std::size_t>(expert)];
+}
+
+std::int32_t BatchDecoder::acquire_experts(std::int32_t l, std::int32_t begin) {
+  const ModelConfig& c = model_->config();
+  const std::int32_t top_k = c.top_k;
+  // Prediction accuracy: the experts this layer chose that the previous MoE
+  // layer predicted for it.
+  if (begin == 0 && predicted_layer_ == l) {
+    for (std::int32_t s = 0; s < n_; ++s) {
+      if (slots_[static_cast<std::size_t>(s)].failed) continue;
+      const std::int32_t* chosen = chosen_.data() + at(s, top_k);
+      const std::int32_t* guess = predicted_.data() + at(s, top_k);
+      for (std::int32_t k = 0; k < top_k; ++k) {
+        ++prediction_counts_.chosen;
+        for (std::int32_t j = 0; j < top_k; ++j)
+          if (guess[j] == chosen[k]) {
+            ++prediction_counts_.predicted;
+            break;
+          }
+      }
+    }
+  }
+  if (begin == 0) predicted_layer_ = -1;
+
+  // The wave: active experts from `begin` on, as many as the slots hold next
+  // to the pinned ones (which take no further slot when chosen).
+  const std::uint64_t pinned = store_->options().pinned.size();
+  const std::int64_t limit = store_->bounded()
+                                 ? static_cast<std::int64_t>(store_->slot_count() - std::min(pinned, store_->slot_count()))
+                                 : c.n_experts;
+  std::int32_t end = begin;
+  for (std::int64_t taken = 0; end < c.n_experts; ++end) {
+    if (expert_count_[static_cast<std::size_t>(end)] == 0) continue;
+    if (taken == limit) break;
+    ++taken;
+  }
+
+  // Resident experts first (hits: held from here on, so nothing below can
+  // evict them); then the missing ones are queued together, so their reads
+  // run in parallel on the loader threads while the first one is waited for.
+  held_count_ = 0;
+  std::int32_t n_missing = 0;
+  Status error = Status::Ok();
+  auto take = [&](std::int32_t e) {
+    Result<const FfnWeights*> w = store_->acquire(l, e);
+    if (!w.ok()) {
+      error = w.error();
+      return false;
+    }
+    expert_ptr_[static_cast<std::size_t>(e)] = *w;
+    held_[static_cast<std::size_t>(held_count_++)] = e;
+    return true;
+  };
+  for (std::int32_t e = begin; e < end && error.ok(); ++e) {
+    if (expert_count_[static_cast<std::size_t>(e)] == 0) continue;
+    if (store_->resident(l, e))
+      take(e);
+    else
+      missing_[static_cast<std::size_t>(n_missing++)] = e;
+  }
+  if (error.ok() && n_missing > 0) {
+    store_->prefetch(l, std::span<const std::int32_t>(missing_.data(), static_cast<std::size_t>(n_missing)));
+    for (std::int32_t i = 0; i < n_missing && take(missing_[static_cast<std::size_t>(i)]); ++i) {
+    }
+  }
+  if (error.ok()) return end;
+  release_experts(l);
+  for (std::int32_t s = 0; s < n_; ++s)
+    if (!slots_[static_cast<std::size_t>(s)].failed) fail_session(s, error);
+  return -1;
+}
+
+void BatchDecoder::release_experts(std::int32_t l) {
+  for (std::int32_t i = 0; i < held_count_; ++i) store_->release(l, held_[static_cast<std::size_t>(i)]);
+  held_count_ = 0;
+}
+
+void BatchDecoder::predict_next(std::int32_t l) {
+  const std::int32_t next = next_moe_[static_cast<std::size_t>(l)];
+  if (next < 0) return;
+  const ModelConfig& c = model_->config();
+  const LayerWeights& layer = model_->weights().layers[static_cast<std::size_t>(next)];
+  const std::int32_t top_k = c.top_k;
+  for (std::int32_t s = 0; s < n_; ++s) {
+    if (slots_[static_cast<std::size_t>(s)].failed) continue;
+    // x_ holds this layer's residual after attention: the best stand-in for
+    // the next layer's router input available before this layer's FFN runs.
+    kernels::rmsnorm(row(x_, s, c.hidden), layer.ffn_norm, c.hidden, c.rms_eps, predict_x_.data());
+    const std::span<std::int32_t> guess(predicted_.data() + at(s, top_k), static_cast<std::size_t>(top_k));
+    if (!predict_experts(layer.router, predict_x_.data(), predict_logits_, guess).ok()) return;
+    store_->prefetch(next, guess);
+  }
+  predicted_layer_ = next;
 }
 
 void BatchDecoder::begin_tasks() { used_x_ = used_xq_ = used_y_ = 0; }
@@ -464,11 +577,26 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   for (std::int32_t s = 0; s < n_; ++s) {
     const float* logits = row(router_logits_, s, n_experts);
     emit(s, "router_logits", l, logits, n_experts);
-    if (slots_[static_cast<std::size_t>(s)].failed) continue;
-    Status routed = route_top_k(spec, std::span<const float>(logits, static_cast<std::size_t>(n_experts)),
-                                router_probs_, std::span<std::int32_t>(chosen_.data() + at(s, top_k), top_k),
-                                std::span<float>(chosen_weight_.data() + at(s, top_k), top_k));
-    if (!routed.ok()) fail_session(s, make_error("layer {}: {}", l, routed.error().message));
+    Slot& slot = slots_[static_cast<std::size_t>(s)];
+    if (slot.failed) continue;
+    const std::span<const float> logit_span(logits, static_cast<std::size_t>(n_experts));
+    const std::span<std::int32_t> experts(chosen_.data() + at(s, top_k), static_cast<std::size_t>(top_k));
+    const std::span<float> weights(chosen_weight_.data() + at(s, top_k), static_cast<std::size_t>(top_k));
+    const RoutingObserver& observer = slot.session->routing_observer_;
+    const auto start = observer ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    Status routed = slot.session->router_ != nullptr
+                        ? slot.session->router_->route(l, slot.token,
+                                                       std::span<const float>(row(xn_, s, hidden),
+                                                                              static_cast<std::size_t>(hidden)),
+                                                       logit_span, router_probs_, experts, weights)
+                        : route_top_k(spec, logit_span, router_probs_, experts, weights);
+    if (!routed.ok()) {
+      fail_session(s, make_error("layer {}: {}", l, routed.error().message));
+      continue;
+    }
+    if (observer)
+      observer(l, slot.position, experts, weights,
+               std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   }
 
   // Group the (slot, rank) pairs by expert, so each active expert runs once
@@ -499,56 +627,6 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   };
   const bool shared = !layer.shared.gate.empty();
 
-  // gate and up of every active expert, of the shared expert, and the
-  // shared-expert gate: one team job.
-  begin_tasks();
-  std::int32_t count = 0;
-  for (std::int32_t e = 0; e < n_experts; ++e) {
-    const std::int32_t n = expert_count_[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    const FfnWeights& f = expert_weights(l, e);
-    const std::int32_t* pairs = routed_.data() + expert_start_[static_cast<std::size_t>(e)];
-    const float** x = take_x(n);
-    const kernels::ActivationQ8** gq = take_xq(n);
-    const kernels::ActivationQ8** uq = take_xq(n);
-    float** gy = take_y(n);
-    float** uy = take_y(n);
-    for (std::int32_t j = 0; j < n; ++j) {
-      const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
-      const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_gate_up;
-      x[j] = row(xn_, s, hidden);
-      gq[j] = quantized_xn(s, f.gate, mode);
-      uq[j] = quantized_xn(s, f.up, mode);
-      gy[j] = gate_of(s, k);
-      uy[j] = up_of(s, k);
-    }
-    tasks_[static_cast<std::size_t>(count++)] = {&f.gate, n, x, gq, gy};
-    tasks_[static_cast<std::size_t>(count++)] = {&f.up, n, x, uq, uy};
-  }
-  if (shared) {
-    const float** x = take_x(n_);
-    const kernels::ActivationQ8** gq = take_xq(n_);
-    const kernels::ActivationQ8** uq = take_xq(n_);
-    const kernels::ActivationQ8** sq = take_xq(n_);
-    float** gy = take_y(n_);
-    float** uy = take_y(n_);
-    float** sy = take_y(n_);
-    for (std::int32_t s = 0; s < n_; ++s) {
-      const ActivationModes& modes = slots_[static_cast<std::size_t>(s)].session->modes_;
-      x[s] = row(xn_, s, hidden);
-      gq[s] = quantized_xn(s, layer.shared.gate, modes.ffn_gate_up);
-      uq[s] = quantized_xn(s, layer.shared.up, modes.ffn_gate_up);
-      sq[s] = quantized_xn(s, layer.shared_expert_gate, modes.router);
-      gy[s] = gate_of(s, top_k);
-      uy[s] = up_of(s, top_k);
-      sy[s] = &shared_gate_[static_cast<std::size_t>(s)];
-    }
-    tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.gate, n_, x, gq, gy};
-    tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.up, n_, x, uq, uy};
-    tasks_[static_cast<std::size_t>(count++)] = {&layer.shared_expert_gate, n_, x, sq, sy};
-  }
-  run_matmats(tasks_.data(), count);
-
   // SwiGLU and the down projections' input quantization are O(ff) per block:
   // on the calling thread, between the two jobs.
   auto activate = [&](std::int32_t s, std::int32_t b, const FfnWeights& f) -> const kernels::ActivationQ8* {
@@ -559,36 +637,107 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
     kernels::quantize_activation(h, f.gate.rows, f.down.group, hidden_q_of(s, b), mode == ActivationMode::Int8Residual);
     return &hidden_q_of(s, b);
   };
-  begin_tasks();
-  count = 0;
-  for (std::int32_t e = 0; e < n_experts; ++e) {
-    const std::int32_t n = expert_count_[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    const FfnWeights& f = expert_weights(l, e);
-    const std::int32_t* pairs = routed_.data() + expert_start_[static_cast<std::size_t>(e)];
-    const float** x = take_x(n);
-    const kernels::ActivationQ8** xq = take_xq(n);
-    float** y = take_y(n);
-    for (std::int32_t j = 0; j < n; ++j) {
-      const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
-      xq[j] = activate(s, k, f);
-      x[j] = gate_of(s, k);
-      y[j] = out_of(s, k);
+  // Experts run in waves: with a store, as many active experts as its slots
+  // hold at once (all of them when a token or a small batch is decoded; a
+  // prompt chunk or a large batch may need several), acquired for the wave
+  // and released after it. Each (slot, rank) block has its own output row, so
+  // the waves change nothing in the result. Without a store: one wave.
+  std::int32_t count = 0;
+  std::int32_t wave_begin = 0;
+  for (bool first = true; first || wave_begin < n_experts; first = false) {
+    std::int32_t wave_end = n_experts;
+    if (store_ != nullptr) {
+      wave_end = acquire_experts(l, wave_begin);
+      if (wave_end < 0) {
+        std::fill(block_out_.begin(), block_out_.begin() + static_cast<std::ptrdiff_t>(at(n_, hidden)), 0.0f);
+        return;
+      }
+      if (first && store_->options().predict_next) predict_next(l);
     }
-    tasks_[static_cast<std::size_t>(count++)] = {&f.down, n, x, xq, y};
-  }
-  if (shared) {
-    const float** x = take_x(n_);
-    const kernels::ActivationQ8** xq = take_xq(n_);
-    float** y = take_y(n_);
-    for (std::int32_t s = 0; s < n_; ++s) {
-      xq[s] = activate(s, top_k, layer.shared);
-      x[s] = gate_of(s, top_k);
-      y[s] = out_of(s, top_k);
+
+    // gate and up of every active expert, of the shared expert, and the
+    // shared-expert gate: one team job.
+    begin_tasks();
+    count = 0;
+    for (std::int32_t e = wave_begin; e < wave_end; ++e) {
+      const std::int32_t n = expert_count_[static_cast<std::size_t>(e)];
+      if (n == 0) continue;
+      const FfnWeights& f = expert_weights(l, e);
+      const std::int32_t* pairs = routed_.data() + expert_start_[static_cast<std::size_t>(e)];
+      const float** x = take_x(n);
+      const kernels::ActivationQ8** gq = take_xq(n);
+      const kernels::ActivationQ8** uq = take_xq(n);
+      float** gy = take_y(n);
+      float** uy = take_y(n);
+      for (std::int32_t j = 0; j < n; ++j) {
+        const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
+        const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_gate_up;
+        x[j] = row(xn_, s, hidden);
+        gq[j] = quantized_xn(s, f.gate, mode);
+        uq[j] = quantized_xn(s, f.up, mode);
+        gy[j] = gate_of(s, k);
+        uy[j] = up_of(s, k);
+      }
+      tasks_[static_cast<std::size_t>(count++)] = {&f.gate, n, x, gq, gy};
+      tasks_[static_cast<std::size_t>(count++)] = {&f.up, n, x, uq, uy};
     }
-    tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.down, n_, x, xq, y};
+    if (shared && first) {
+      const float** x = take_x(n_);
+      const kernels::ActivationQ8** gq = take_xq(n_);
+      const kernels::ActivationQ8** uq = take_xq(n_);
+      const kernels::ActivationQ8** sq = take_xq(n_);
+      float** gy = take_y(n_);
+      float** uy = take_y(n_);
+      float** sy = take_y(n_);
+      for (std::int32_t s = 0; s < n_; ++s) {
+        const ActivationModes& modes = slots_[static_cast<std::size_t>(s)].session->modes_;
+        x[s] = row(xn_, s, hidden);
+        gq[s] = quantized_xn(s, layer.shared.gate, modes.ffn_gate_up);
+        uq[s] = quantized_xn(s, layer.shared.up, modes.ffn_gate_up);
+        sq[s] = quantized_xn(s, layer.shared_expert_gate, modes.router);
+        gy[s] = gate_of(s, top_k);
+        uy[s] = up_of(s, top_k);
+        sy[s] = &shared_gate_[static_cast<std::size_t>(s)];
+      }
+      tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.gate, n_, x, gq, gy};
+      tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.up, n_, x, uq, uy};
+      tasks_[static_cast<std::size_t>(count++)] = {&layer.shared_expert_gate, n_, x, sq, sy};
+    }
+    run_matmats(tasks_.data(), count);
+
+    begin_tasks();
+    count = 0;
+    for (std::int32_t e = wave_begin; e < wave_end; ++e) {
+      const std::int32_t n = expert_count_[static_cast<std::size_t>(e)];
+      if (n == 0) continue;
+      const FfnWeights& f = expert_weights(l, e);
+      const std::int32_t* pairs = routed_.data() + expert_start_[static_cast<std::size_t>(e)];
+      const float** x = take_x(n);
+      const kernels::ActivationQ8** xq = take_xq(n);
+      float** y = take_y(n);
+      for (std::int32_t j = 0; j < n; ++j) {
+        const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
+        xq[j] = activate(s, k, f);
+        x[j] = gate_of(s, k);
+        y[j] = out_of(s, k);
+      }
+      tasks_[static_cast<std::size_t>(count++)] = {&f.down, n, x, xq, y};
+    }
+    if (shared && first) {
+      const float** x = take_x(n_);
+      const kernels::ActivationQ8** xq = take_xq(n_);
+      float** y = take_y(n_);
+      for (std::int32_t s = 0; s < n_; ++s) {
+        xq[s] = activate(s, top_k, layer.shared);
+        x[s] = gate_of(s, top_k);
+        y[s] = out_of(s, top_k);
+      }
+      tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.down, n_, x, xq, y};
+    }
+    run_matmats(tasks_.data(), count);
+    if (store_ != nullptr) release_experts(l);
+    wave_begin = wave_end;
   }
-  run_matmats(tasks_.data(), count);
 
   // Each slot's weighted sum, in rank order whatever the grouping was.
   for (std::int32_t s = 0; s < n_; ++s) {

@@ -21,6 +21,15 @@
 namespace colibri {
 
 class ThreadTeam;
+class ExpertStore;
+
+// How well the next MoE layer's experts were predicted for prefetch
+// (ExpertStoreOptions::predict_next): of `chosen` experts the next layer
+// actually took, `predicted` were in the prediction.
+struct ExpertPredictionCounts {
+  std::uint64_t chosen = 0;
+  std::uint64_t predicted = 0;
+};
 
 struct BatchItem {
   Session* session = nullptr;
@@ -39,13 +48,21 @@ class BatchDecoder {
   // Session::kDefaultMaxContext, as Session does). team: splits each matrix
   // product by rows and attention by (item, head); null runs on the calling
   // thread. All buffers are allocated here; step() allocates nothing.
+  // store: where routed experts are read from when memory is bounded
+  // (store/expert_store.h); null uses them in place in the model's mapping.
+  // It must be a store over the same model and outlive the decoder; several
+  // decoders may share it when they are stepped on one thread at a time (the
+  // store's bookkeeping is single-threaded). Logits are bit-identical with and
+  // without a store.
   BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capacity, ThreadTeam* team = nullptr,
-               std::int32_t max_context = 0);
+               std::int32_t max_context = 0, ExpertStore* store = nullptr);
   ~BatchDecoder();
   BatchDecoder(const BatchDecoder&) = delete;
   BatchDecoder& operator=(const BatchDecoder&) = delete;
 
   std::int32_t capacity() const { return capacity_; }
+  ExpertStore* expert_store() const { return store_; }
+  const ExpertPredictionCounts& prediction_counts() const { return prediction_counts_; }
   std::int32_t max_context() const { return max_context_; }
 
   // Feeds every item's token to its session at the session's next position;
@@ -88,9 +105,22 @@ class BatchDecoder {
   void attention_unit(std::int32_t layer, std::int32_t unit, float* scores);
   void moe_ffn(std::int32_t layer);
   void dense_ffn(std::int32_t layer);
-  // Every read of a routed expert's weights goes through here. An expert store
-  // with bounded memory (experts paged in on demand) hooks in at this point.
+  // Every read of a routed expert's weights goes through here: the mapping, or
+  // with a store the slot acquire_experts() pinned for this layer.
   const FfnWeights& expert_weights(std::int32_t layer, std::int32_t expert) const;
+  // With a store: makes the next wave of this layer's active experts
+  // (expert_count_ > 0, from index `begin` on, as many as the budget holds at
+  // once) resident and holds them until release_experts(); returns the end
+  // of the wave (an expert index), or -1 on failure. Resident ones are
+  // acquired first, so the prefetch of the missing ones (reads in parallel on
+  // the loader threads) cannot evict them. On failure releases what it took
+  // and fails every slot of the step (the error names the expert).
+  std::int32_t acquire_experts(std::int32_t layer, std::int32_t begin);
+  void release_experts(std::int32_t layer);
+  // With predict_next: prefetches, per slot, the experts layer `next` will
+  // likely choose (its router over this layer's residual, normalised with
+  // that layer's ffn_norm), and remembers them to measure the accuracy.
+  void predict_next(std::int32_t layer);
   // Runs `count` tasks as one team job: their rows laid end to end, each
   // padded to a whole number of 16-row grains.
   void run_matmats(const MatmatTask* tasks, std::int32_t count);
@@ -151,6 +181,19 @@ class BatchDecoder {
   std::vector<float*> pool_y_;
   std::size_t used_x_ = 0, used_xq_ = 0, used_y_ = 0;
   std::vector<std::int32_t> logit_slots_;  // [capacity]
+
+  // Expert store (null: experts used in place).
+  ExpertStore* store_ = nullptr;
+  std::vector<const FfnWeights*> expert_ptr_;  // [n_experts]: this layer's acquired weights
+  std::vector<std::int32_t> held_;             // [n_experts]: experts acquired this layer
+  std::vector<std::int32_t> missing_;          // [n_experts]: active experts not resident
+  std::int32_t held_count_ = 0;
+  std::vector<std::int32_t> next_moe_;         // [n_layers]: the next MoE layer after l, or -1
+  std::vector<float> predict_x_;               // [hidden]
+  std::vector<float> predict_logits_;          // [n_experts]
+  std::vector<std::int32_t> predicted_;        // [capacity][top_k]: for layer predicted_layer_
+  std::int32_t predicted_layer_ = -1;
+  ExpertPredictionCounts prediction_counts_;
 };
 
 }  // namespace colibri

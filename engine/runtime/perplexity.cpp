@@ -52,6 +52,7 @@ Result<PerplexityResult> measure_perplexity(const std::shared_ptr<const Model>& 
   constexpr std::int32_t kBatch = 32;
   const std::int32_t batch = std::min(kBatch, options.context);
   Session session(model, options.context, nullptr, 1);
+  session.set_router(options.router);
   std::unique_ptr<Session> base_session;
   if (base) base_session = std::make_unique<Session>(base, options.context, nullptr, 1);
   if (session.max_context() < options.context)

@@ -13,6 +13,8 @@
 
 namespace colibri {
 
+class ModeRouter;
+
 struct PerplexityOptions {
   std::int32_t context = 256;  // tokens per window
   // Window starts advance by `stride`; each window scores only its last
@@ -21,6 +23,9 @@ struct PerplexityOptions {
   std::int32_t stride = 256;
   std::int64_t max_tokens = 0;  // score at most this many tokens (0 = all)
   std::function<void(std::int64_t scored, std::int64_t total)> progress;
+  // Routes the model's tokens (not the base's) with this routing mode; null:
+  // standard routing. With base == model this measures what the mode costs.
+  std::shared_ptr<ModeRouter> router;
 };
 
 struct PerplexityResult {

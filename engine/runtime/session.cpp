@@ -7,7 +7,7 @@
 namespace colibri {
 
 Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context, ThreadTeam* team,
-                 std::int32_t prefill_batch)
+                 std::int32_t prefill_batch, ExpertStore* store)
     : model_(std::move(model)) {
   const ModelConfig& c = model_->config();
   max_context_ = max_context > 0 ? std::min(max_context, c.max_positions)
@@ -18,7 +18,7 @@ Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context, T
   logits_.resize(static_cast<std::size_t>(c.vocab));
   // A prompt never needs more tokens per pass than the context holds.
   const std::int32_t capacity = std::clamp(prefill_batch, 1, max_context_);
-  decoder_ = std::make_unique<BatchDecoder>(model_, capacity, team, max_context_);
+  decoder_ = std::make_unique<BatchDecoder>(model_, capacity, team, max_context_, store);
   items_.resize(static_cast<std::size_t>(capacity));
 }
 
@@ -43,9 +43,22 @@ Result<std::span<const float>> Session::prefill(std::span<const std::int32_t> to
   if (static_cast<std::size_t>(max_context_ - position_) < tokens.size())
     return make_error("context is full: {} tokens do not fit after {} positions used of {}", tokens.size(),
                       position_, max_context_);
+  // As few passes as the capacity allows, of equal length (the first ones one
+  // longer): a pass reads every expert any of its tokens routes to, so the
+  // pass count is what matters, and balanced passes keep matmat tiles full.
   const std::size_t capacity = items_.size();
-  for (std::size_t first = 0; first < tokens.size(); first += capacity) {
-    const std::size_t n = std::min(capacity, tokens.size() - first);
+  const std::size_t passes = (tokens.size() + capacity - 1) / capacity;
+  const std::size_t base = tokens.size() / passes, longer = tokens.size() % passes;
+  // Prefill modes apply for the duration of this call only.
+  struct ModesGuard {
+    Session& s;
+    ActivationModes saved;
+    ~ModesGuard() { s.modes_ = saved; }
+  } guard{*this, modes_};
+  if (prefill_modes_) modes_ = *prefill_modes_;
+  std::size_t first = 0;
+  for (std::size_t pass = 0; pass < passes; ++pass) {
+    const std::size_t n = base + (pass < longer ? 1 : 0);
     for (std::size_t i = 0; i < n; ++i) {
       BatchItem& item = items_[i];
       item.session = this;
@@ -56,6 +69,7 @@ Result<std::span<const float>> Session::prefill(std::span<const std::int32_t> to
     // Validated above, so only the forward pass can fail, and then it fails
     // the whole chunk.
     if (!items_.front().status.ok()) return items_.front().status.error();
+    first += n;
   }
   return std::span<const float>(logits_);
 }

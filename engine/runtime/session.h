@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -34,13 +35,33 @@ struct ActivationModes {
   ActivationMode router = ActivationMode::Int8Residual;          // router, shared-expert gate
 };
 
+// A prefill preset: one int8 plane for the FFN gate and up products (routed,
+// shared and dense: half of an OLMoE token's multiply-adds), two planes for
+// everything else. Within quantized_fidelity_test's int8 bounds on the
+// fixtures; one plane for the down products too is not (mean |dlogit| 0.0512
+// > 0.05; docs/KERNELS.md has the figures).
+inline constexpr ActivationModes kPrefillInt8Ffn{
+    .ffn_gate_up = ActivationMode::Int8,
+};
+
 // Receives named intermediate tensors (e.g. "attn_out", layer 1, position 5)
 // so a divergence from another engine can be found layer by layer. Layer is -1
 // for tensors outside the layer stack.
 using TensorHook = std::function<void(std::string_view name, std::int32_t layer,
                                       std::int32_t position, std::span<const float> values)>;
 
+// Sees every routing decision: the layer, the token's position, the chosen
+// experts and their weights (descending), and the nanoseconds routing took
+// (router product excluded: it runs batched). Called on the thread running
+// the forward pass, once per token and MoE layer, so it must be cheap and must
+// not block (metrics counters, a non-blocking logger).
+using RoutingObserver = std::function<void(std::int32_t layer, std::int32_t position,
+                                           std::span<const std::int32_t> experts,
+                                           std::span<const float> weights, std::int64_t nanoseconds)>;
+
 class BatchDecoder;
+class ExpertStore;
+class ModeRouter;
 struct BatchItem;
 
 class Session {
@@ -48,16 +69,27 @@ class Session {
   // max_context: positions the KV cache holds; 0 means the model's maximum,
   // capped at kDefaultMaxContext.
   static constexpr std::int32_t kDefaultMaxContext = 4096;
-  // Tokens prefill() runs through the layers together.
-  static constexpr std::int32_t kDefaultPrefillBatch = 32;
+  // Most tokens prefill() runs through the layers together. A prompt up to
+  // this long is one pass, so each routed expert's weights are read once for
+  // the whole prompt (with 32-token passes a 128-token prompt of an 8-of-64
+  // expert model reads nearly every expert 4 times). The decoder's buffers
+  // are per token: about 330 KB per token on an OLMoE-1B-7B shape (hidden
+  // 2048, 8 + 1 FFN blocks of 1024 per token and their int8 planes), so 256
+  // costs about 85 MB per session, as much as about 330 positions of that
+  // shape's KV cache (256 KB each). Beyond 256, matmat is already at its full rate
+  // (32 tokens per expert on average) and longer passes only cost memory.
+  static constexpr std::int32_t kDefaultPrefillBatch = 256;
   // team: threads that split every large matrix product (and the attention
   // heads) by rows; null runs everything on the calling thread. The team must
   // outlive the session and serve one decode at a time. Logits are
   // bit-identical for any team size. prefill_batch: tokens per pass of
   // prefill() (>= 1; its buffers are allocated here). A session stepped only
   // by a BatchDecoder (see batch_decoder.h) can take 1.
+  // store: the expert store routed experts are read through (bounded
+  // memory; batch_decoder.h); null uses them in place. It must outlive the
+  // session, and sessions sharing it must be stepped on one thread at a time.
   Session(std::shared_ptr<const Model> model, std::int32_t max_context = 0, ThreadTeam* team = nullptr,
-          std::int32_t prefill_batch = kDefaultPrefillBatch);
+          std::int32_t prefill_batch = kDefaultPrefillBatch, ExpertStore* store = nullptr);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -66,9 +98,12 @@ class Session {
   // token after it (valid until the next call). The batched forward pass
   // (batch_decoder.h) with a batch of one.
   Result<std::span<const float>> decode(std::int32_t token);
-  // Feeds all of `tokens` (at least one) at the next positions, prefill_batch
-  // at a time through the layers, and returns the logits after the last
-  // (valid until the next call). Bit-identical to decoding them one by one.
+  // Feeds all of `tokens` (at least one) at the next positions through the
+  // layers in as few passes of at most prefill_batch tokens as possible (equal
+  // lengths, so a prompt slightly over the cap is not a full pass plus a
+  // sliver), and returns the logits after the last (valid until the next
+  // call). Bit-identical to decoding them one by one, unless prefill modes
+  // that differ from the activation modes are set (below).
   // Nothing is fed when a token is invalid or the tokens do not fit in the
   // context; if the forward pass fails (a router producing NaN), the chunks
   // before the failing one stay fed.
@@ -80,9 +115,22 @@ class Session {
   // Takes effect from the next decode.
   void set_activation_modes(const ActivationModes& modes) { modes_ = modes; }
   const ActivationModes& activation_modes() const { return modes_; }
+  // Activation modes for prefill() only (decode() keeps activation_modes()):
+  // e.g. kPrefillInt8Ffn trades a little fidelity (docs/KERNELS.md) for
+  // about twice the arithmetic rate of the prompt's gate and up products. Off by
+  // default, so prefill stays bit-identical to decoding token by token.
+  void set_prefill_activation_modes(std::optional<ActivationModes> modes) { prefill_modes_ = modes; }
+  const std::optional<ActivationModes>& prefill_activation_modes() const { return prefill_modes_; }
   // Called from the thread that runs the forward pass, for each token.
   void set_tensor_hook(TensorHook hook) { hook_ = std::move(hook); }
+  // An opt-in routing mode (moe/routing_modes.h); null is standard top-k
+  // routing. Several sessions may share one router when they are stepped on
+  // one thread (LoadAware then balances across all of them).
+  void set_router(std::shared_ptr<ModeRouter> router) { router_ = std::move(router); }
+  void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
   const Model& model() const { return *model_; }
+  // This session's own forward pass (its expert store, prediction counts).
+  const BatchDecoder& decoder() const { return *decoder_; }
 
  private:
   // The forward pass reads and writes the KV cache and position directly.
@@ -93,6 +141,9 @@ class Session {
   std::int32_t position_ = 0;
   TensorHook hook_;
   ActivationModes modes_;
+  std::optional<ActivationModes> prefill_modes_;
+  std::shared_ptr<ModeRouter> router_;
+  RoutingObserver routing_observer_;
 
   // KV cache: [layer][position][n_kv_heads * head_dim]
   std::vector<float> key_cache_;

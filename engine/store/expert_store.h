@@ -111,6 +111,13 @@ class ExpertStore {
   ExpertStoreStats stats() const;       // allocates the per-expert table
   ExpertStoreTotals totals() const;     // allocation-free
   bool bounded() const { return slot_count_ > 0; }
+  // Whether (layer, expert) is resident or in flight now: the forward pass
+  // acquires those first, so prefetching the others cannot evict them.
+  // Compute thread only.
+  bool resident(std::int32_t layer, std::int32_t expert) const {
+    return slot_count_ > 0 && slot_of_[static_cast<std::size_t>(key_of(layer, expert))] >= 0;
+  }
+  const ExpertStoreOptions& options() const { return options_; }
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::uint64_t slot_count() const { return slot_count_; }
   ExpertIo io() const { return io_; }

@@ -46,6 +46,11 @@ struct ExpertStoreOptions {
   std::int32_t loader_threads = 2;
   // Recompute each block's XXH3 checksum when it is read into a slot.
   bool verify_checksums = false;
+  // Read by the forward pass, not the store: also prefetch the experts the
+  // next MoE layer will likely choose (its router applied to this layer's
+  // residual, expert_prediction.h). Needs `prefetch`. Off unless measured to
+  // win (docs/EXPERT_STORE.md).
+  bool predict_next = false;
 };
 
 std::string_view policy_name(EvictionPolicy policy);

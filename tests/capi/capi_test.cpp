@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -40,7 +41,7 @@
   X(colibri_inference_params_default) X(colibri_finish_reason_name) X(colibri_inference)                \
   X(colibri_inference_tokens) X(colibri_free_result) X(colibri_router_config_default) X(colibri_init)   \
   X(colibri_init_with_config) X(colibri_router_get_config) X(colibri_route_experts)                     \
-  X(colibri_route_batch_experts) X(colibri_set_cache_policy) X(colibri_model_set_cache_policy)          \
+  X(colibri_route_batch_experts) X(colibri_set_cache_policy) X(colibri_model_set_cache_policy) X(colibri_expert_cache_options_default) X(colibri_model_enable_expert_cache)          \
   X(colibri_free)
 
 // lib::colibri_x points at the library's colibri_x, with the header's type.
@@ -406,7 +407,7 @@ TEST_F(CApi, CachePolicyIsUnsupportedWithoutAnExpertStore) {
   colibri_router* router = make_router(8, 2, false);
   for (colibri_cache_policy policy : {COLIBRI_CACHE_LRU, COLIBRI_CACHE_LFU, COLIBRI_CACHE_FIFO}) {
     EXPECT_STATUS(COLIBRI_ERR_UNSUPPORTED, lib::colibri_set_cache_policy(router, policy), "colibri_set_cache_policy");
-    EXPECT_NE(last_error().find("no expert store"), std::string::npos) << last_error();
+    EXPECT_NE(last_error().find("colibri_model_set_cache_policy"), std::string::npos) << last_error();
   }
   EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_set_cache_policy(router, static_cast<colibri_cache_policy>(3)),
                 "colibri_set_cache_policy");
@@ -599,6 +600,95 @@ TEST_F(CApi, ColibriFileWithChecksums) {
   EXPECT_EQ(std::vector<std::int32_t>(result->tokens, result->tokens + result->n_tokens), expected->tokens);
   lib::colibri_free_result(result);
   lib::colibri_unload_model(model);
+  fs::remove(file);
+}
+
+// A model loaded with an expert store generates exactly what it generates
+// without one;
+// its policy can be changed, its counters are in colibri_model_info (also
+// through the earlier, shorter stats struct); bad store options are refused
+// by name.
+TEST_F(CApi, ExpertStoreGeneratesTheSameTokens) {
+  const fs::path file = fs::temp_directory_path() / ("colibri_capi_store_" + std::to_string(getpid()) + ".colibri");
+  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " +
+                              fixture_dir("olmoe-tiny").string() + " --output " + file.string() +
+                              " --quant int8 --no-progress > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  colibri_inference_params params = lib::colibri_inference_params_default();
+  params.max_tokens = 16;
+  params.ignore_eos = 1;
+  auto generate = [&](colibri_model* model) {
+    colibri_result* result = nullptr;
+    EXPECT_EQ(lib::colibri_inference(model, "The experts argue about routing.", &params, &result), COLIBRI_OK)
+        << last_error();
+    std::vector<std::int32_t> tokens;
+    if (result != nullptr) tokens.assign(result->tokens, result->tokens + result->n_tokens);
+    lib::colibri_free_result(result);
+    return tokens;
+  };
+  colibri_model* plain = nullptr;
+  ASSERT_EQ(lib::colibri_load_model(file.c_str(), nullptr, &plain), COLIBRI_OK) << last_error();
+  const std::vector<std::int32_t> expected = generate(plain);
+  ASSERT_EQ(expected.size(), 16u);
+  EXPECT_STATUS(COLIBRI_ERR_UNSUPPORTED, lib::colibri_model_set_cache_policy(plain, COLIBRI_CACHE_LFU),
+                "colibri_model_set_cache_policy");
+  EXPECT_NE(last_error().find("has no expert store"), std::string::npos) << last_error();
+  lib::colibri_unload_model(plain);
+
+  colibri_expert_cache_options options = lib::colibri_expert_cache_options_default();
+  EXPECT_EQ(options.budget_mb, 0u);
+  EXPECT_EQ(options.prefetch, 0);
+  options.prefetch = 1;
+  options.budget_mb = 1;  // (the tiny fixture fits; eviction is covered by store_decode_test)
+  options.io = COLIBRI_CACHE_IO_PREAD;
+  options.pinned_experts = "0:1";
+  colibri_model* model = nullptr;
+  ASSERT_EQ(lib::colibri_load_model(file.c_str(), nullptr, &model), COLIBRI_OK) << last_error();
+  EXPECT_STATUS(COLIBRI_ERR_NULL_POINTER, lib::colibri_model_enable_expert_cache(model, nullptr),
+                "colibri_model_enable_expert_cache");
+  colibri_expert_cache_options bad = options;
+  bad.policy = 5;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_model_enable_expert_cache(model, &bad),
+                "colibri_model_enable_expert_cache");
+  EXPECT_NE(last_error().find("options->policy"), std::string::npos) << last_error();
+  bad = options;
+  bad.pinned_experts = "0:99";
+  EXPECT_STATUS(COLIBRI_ERR_LOAD, lib::colibri_model_enable_expert_cache(model, &bad),
+                "colibri_model_enable_expert_cache");
+  bad = options;
+  bad.budget_mb = 0;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_model_enable_expert_cache(model, &bad),
+                "colibri_model_enable_expert_cache");
+  ASSERT_EQ(lib::colibri_model_enable_expert_cache(model, &options), COLIBRI_OK) << last_error();
+  colibri_model_stats stats;
+  std::memset(&stats, 0, sizeof stats);
+  stats.struct_size = sizeof stats;
+  ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
+  ASSERT_GT(stats.expert_cache_bytes, 0u);
+  EXPECT_EQ(generate(model), expected);
+  EXPECT_STATUS(COLIBRI_OK, lib::colibri_model_set_cache_policy(model, COLIBRI_CACHE_FIFO),
+                "colibri_model_set_cache_policy");
+  EXPECT_EQ(generate(model), expected);
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT,
+                lib::colibri_model_set_cache_policy(model, static_cast<colibri_cache_policy>(7)),
+                "colibri_model_set_cache_policy");
+  ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
+  EXPECT_GT(stats.expert_cache_hits + stats.expert_cache_misses, 0u);
+  EXPECT_GT(stats.expert_cache_bytes_read, 0u);
+  // A stats struct of the earlier header (ending before the store fields).
+  colibri_model_stats old_stats;
+  std::memset(&old_stats, 0xAB, sizeof old_stats);
+  old_stats.struct_size = offsetof(colibri_model_stats, expert_cache_bytes);
+  ASSERT_EQ(lib::colibri_model_info(model, &old_stats), COLIBRI_OK) << last_error();
+  EXPECT_EQ(old_stats.expert_cache_hits, 0xABABABABABABABABull);  // not written past its size
+  lib::colibri_unload_model(model);
+
+  // A model converted in memory has no expert blocks to page.
+  colibri_model* checkpoint = nullptr;
+  ASSERT_EQ(lib::colibri_load_model(fixture_dir("olmoe-tiny").c_str(), nullptr, &checkpoint), COLIBRI_OK);
+  EXPECT_STATUS(COLIBRI_ERR_UNSUPPORTED, lib::colibri_model_enable_expert_cache(checkpoint, &options),
+                "colibri_model_enable_expert_cache");
+  lib::colibri_unload_model(checkpoint);
   fs::remove(file);
 }
 

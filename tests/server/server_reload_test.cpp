@@ -345,3 +345,48 @@ TEST_F(ReloadTest, AdminLogsShowRecentLinesAndTheLevelChanges) {
 
 }  // namespace
 }  // namespace colibri::test
+
+namespace colibri::test {
+namespace {
+
+TEST_F(ReloadTest, DebugRoutingLogsEachTokensExpertsWithItsRequestId) {
+  auto server = start({"--debug-routing", "true", "--routing-mode", "int8", "--log-ring-lines", "500"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  auto res = http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"ignore_eos", true}});
+  ASSERT_EQ(res.status, 200) << res.body;
+  const std::string id = res.json_body()["id"].get<std::string>();
+  std::string logs;
+  ASSERT_TRUE(eventually([&] {
+    logs = http_get(port, "/admin/logs").body;
+    return logs.find("[ROUTER] " + id + " | 1 | ") != std::string::npos;
+  })) << logs;
+  // "[ROUTER] <id> | <layer> | <experts> | <weights> | <us>": as many weights as experts.
+  const auto at = logs.find("[ROUTER] " + id + " | 0 | ");
+  ASSERT_NE(at, std::string::npos) << logs;
+  const std::string line = logs.substr(at, logs.find('\n', at) - at);
+  EXPECT_EQ(std::count(line.begin(), line.end(), '|'), 4) << line;
+  std::vector<std::string> fields;
+  for (std::size_t begin = 0, bar; begin <= line.size(); begin = bar + 1) {
+    bar = line.find('|', begin);
+    if (bar == std::string::npos) bar = line.size();
+    fields.push_back(line.substr(begin, bar - begin));
+  }
+  ASSERT_EQ(fields.size(), 5u) << line;
+  EXPECT_GT(std::count(fields[2].begin(), fields[2].end(), ','), 0) << line;
+  EXPECT_EQ(std::count(fields[2].begin(), fields[2].end(), ','), std::count(fields[3].begin(), fields[3].end(), ','))
+      << line;
+  EXPECT_NE(http_get(port, "/metrics").body.find("colibri_expert_tokens_total{layer=\"0\""), std::string::npos);
+}
+
+TEST_F(ReloadTest, InvalidRoutingOptionsRefuseToStartNamingThem) {
+  std::vector<std::string> args = {"--model", model_.string(), "--grpc-port", "-1", "--routing-mode",
+                                   "group-limited", "--routing-n-group", "3"};
+  std::string error;
+  auto server = ServerProcess::start(args, error);
+  EXPECT_EQ(server, nullptr);
+  EXPECT_NE(error.find("n_group must divide"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace colibri::test

@@ -165,6 +165,49 @@ TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
   }
 }
 
+// Prefill activation modes (Session::set_prefill_activation_modes) apply to
+// prefill() only: its logits equal decoding the prompt token by token in
+// those modes, and decode() afterwards runs in the session's own modes again
+// (on a KV cache the prefill modes wrote). A prompt longer than the pass cap
+// is split into balanced passes with the same result.
+TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
+  auto model = load("olmoe-tiny", "int8");
+  ASSERT_NE(model, nullptr);
+  const auto prompt = prompts_of("olmoe-tiny").front();
+  ASSERT_GE(prompt.size(), 3u);
+  const ActivationModes decode_modes{};
+  const Logits in_prefill_modes = sequential(model, prompt, kPrefillInt8Ffn);
+  ASSERT_EQ(in_prefill_modes.size(), prompt.size());
+  const Logits in_decode_modes = sequential(model, prompt, decode_modes);
+  // The preset must change something, or this test checks nothing.
+  ASSERT_NE(in_prefill_modes.back(), in_decode_modes.back());
+
+  // The reference for the token decoded after the prompt: a session whose
+  // prompt K/V came from the prefill modes, then one step in decode modes.
+  Session reference(model);
+  reference.set_activation_modes(kPrefillInt8Ffn);
+  for (std::int32_t token : prompt) ASSERT_TRUE(reference.decode(token).ok());
+  reference.set_activation_modes(decode_modes);
+  auto want_next = reference.decode(prompt.front());
+  ASSERT_TRUE(want_next.ok());
+  const std::vector<float> expected_next(want_next->begin(), want_next->end());
+
+  ThreadTeam two(2);
+  for (std::int32_t cap : {2, Session::kDefaultPrefillBatch}) {
+    SCOPED_TRACE(testing::Message() << "pass cap " << cap);
+    Session session(model, 0, &two, cap);
+    session.set_activation_modes(decode_modes);
+    session.set_prefill_activation_modes(kPrefillInt8Ffn);
+    auto logits = session.prefill(prompt);
+    ASSERT_TRUE(logits.ok()) << logits.error().message;
+    EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), in_prefill_modes.back());
+    EXPECT_EQ(session.activation_modes().ffn_gate_up, ActivationMode::Int8Residual);
+    auto next = session.decode(prompt.front());
+    ASSERT_TRUE(next.ok());
+    EXPECT_EQ(std::vector<float>(next->begin(), next->end()), expected_next);
+  }
+}
+
 TEST_F(BatchDecoderTest, AFailingItemFailsAloneAndFeedsNothing) {
   auto model = load("qwen3moe-tiny", "f32");
   ASSERT_NE(model, nullptr);

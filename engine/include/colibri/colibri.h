@@ -151,6 +151,13 @@ COLIBRI_API int32_t colibri_abi_version(void);
 
 typedef struct colibri_model colibri_model;
 
+/* How the expert store reads an expert's bytes (docs/EXPERT_STORE.md). */
+typedef enum colibri_cache_io {
+  COLIBRI_CACHE_IO_PREAD_DIRECT = 0, /* pread with O_DIRECT into the store's slots (default) */
+  COLIBRI_CACHE_IO_PREAD = 1,        /* pread through the page cache */
+  COLIBRI_CACHE_IO_MMAP = 2          /* the file mapping, populated on load, paged out on eviction */
+} colibri_cache_io;
+
 typedef struct colibri_load_options {
   size_t struct_size;        /* sizeof(colibri_load_options) */
   int32_t verify_checksums;  /* 0 or 1. .colibri files: recompute every tensor
@@ -175,6 +182,42 @@ COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_lo
 /* Releases a model. NULL is a no-op. No other call may be using it. */
 COLIBRI_API void colibri_unload_model(colibri_model* model);
 
+/* The expert store: bounded memory for a .colibri model's routed experts
+ * (docs/EXPERT_STORE.md). A separate struct, not fields of
+ * colibri_load_options, because *_default() returns structs by value: a
+ * larger colibri_load_options would overrun the caller's copy in programs
+ * built against the earlier header. */
+typedef struct colibri_expert_cache_options {
+  size_t struct_size;   /* sizeof(colibri_expert_cache_options) */
+  uint64_t budget_mb;   /* MiB of experts resident at once (> 0). Below one
+                           layer's top-k experts is LOAD, with the minimum in
+                           the message. Default 0 (must be set). */
+  int32_t policy;       /* a colibri_cache_policy. Default LRU. */
+  int32_t io;           /* a colibri_cache_io. Default PREAD_DIRECT. */
+  int32_t prefetch;     /* 0: read a missing expert when needed (default);
+                           1: read a layer's missing experts in parallel on
+                           loader threads; 2: also prefetch the next layer's
+                           predicted experts. */
+  const char* pinned_experts; /* never evicted, "layer:expert,..."; NULL or
+                                 "" for none. Default NULL. */
+} colibri_expert_cache_options;
+
+/* struct_size set, every field at its default. */
+COLIBRI_API colibri_expert_cache_options colibri_expert_cache_options_default(void);
+
+/* Gives the model an expert store: from now on its inferences read routed
+ * experts through it, at most budget_mb MiB resident, with exactly the same
+ * results. The store is single-threaded, so inferences on this model then
+ * run one at a time (concurrent colibri_inference calls wait for each other).
+ * Replaces an earlier store. Like colibri_unload_model, it must not run
+ * concurrently with another call using the model.
+ * Errors: NULL_POINTER, INVALID_ARGUMENT (struct_size, a value outside its
+ * enum, budget_mb 0 or too large, malformed pinned_experts), UNSUPPORTED (not
+ * a .colibri model), LOAD (budget too small, pinned expert out of range, a
+ * pinned expert unreadable). */
+COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* model,
+                                                             const colibri_expert_cache_options* options);
+
 typedef struct colibri_model_stats {
   size_t struct_size;         /* caller sets sizeof(colibri_model_stats) */
   const char* arch;           /* config.json model_type, e.g. "mixtral" */
@@ -198,6 +241,14 @@ typedef struct colibri_model_stats {
   int32_t bos_token_id;       /* -1 when the model has none */
   int32_t eos_token_id;       /* -1 when the model has none */
   uint64_t weight_bytes;      /* bytes of weights held (mapped or in memory) */
+  /* The expert store (colibri_model_enable_expert_cache; all 0 without
+   * one). A struct_size that ends before these fields (a program built
+   * against the earlier header) is accepted; they are then not written. */
+  uint64_t expert_cache_bytes;    /* the budget in effect (slots x slot size) */
+  uint64_t expert_cache_hits;     /* acquires that found the expert resident or in flight */
+  uint64_t expert_cache_misses;   /* acquires that had to read it */
+  uint64_t expert_cache_bytes_read;
+  uint64_t expert_cache_stall_ns; /* time inference waited for expert reads */
 } colibri_model_stats;
 
 /* Fills *out (whose struct_size the caller has set). The strings belong to
@@ -380,14 +431,17 @@ typedef enum colibri_cache_policy {
   COLIBRI_CACHE_FIFO = 2
 } colibri_cache_policy;
 
-/* Chooses how an expert cache evicts experts. This build has no expert store
- * (experts are always resident), so there is no cache to configure: a valid
- * policy returns COLIBRI_ERR_UNSUPPORTED and changes nothing; a value outside
- * the enum is INVALID_ARGUMENT, a NULL router NULL_POINTER. A later version
- * with an expert store will return COLIBRI_OK for the policies it implements. */
+/* A router is a stand-alone routing function with no experts to cache: a
+ * valid policy returns COLIBRI_ERR_UNSUPPORTED (the message points to
+ * colibri_model_set_cache_policy) and changes nothing; a value outside the
+ * enum is INVALID_ARGUMENT, a NULL router NULL_POINTER. */
 COLIBRI_API colibri_status colibri_set_cache_policy(colibri_router* router, colibri_cache_policy policy);
 
-/* The same for a model's expert store: UNSUPPORTED in this build. */
+/* Chooses how the model's expert store evicts experts, from its next
+ * eviction on (any thread, also while inferences run). COLIBRI_OK; a model
+ * without a store (colibri_model_enable_expert_cache) is UNSUPPORTED and nothing
+ * changes; a value outside the enum is INVALID_ARGUMENT, a NULL model
+ * NULL_POINTER. */
 COLIBRI_API colibri_status colibri_model_set_cache_policy(colibri_model* model, colibri_cache_policy policy);
 
 /* Releases a router. NULL is a no-op. */

@@ -1,0 +1,77 @@
+// The expert-store flags shared by colibri-run and colibri-bench
+// (--expert-cache-mb, --cache-policy, --cache-io, --prefetch, --pinned-experts,
+// --cache-verify) and the store they open (docs/EXPERT_STORE.md).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "store/expert_store.h"
+#include "store/store_options.h"
+
+namespace colibri_tools {
+
+struct StoreFlags {
+  double cache_mb = 0;  // MiB; fractions allowed (small test models)
+  std::string policy = "lru";
+  std::string io = "pread-direct";
+  std::string prefetch = "off";
+  std::string pinned;
+  bool verify = false;
+
+  void add(CLI::App& app) {
+    app.add_option("--expert-cache-mb", cache_mb,
+                   "Bound the memory of routed experts to N MiB, loading the experts each token uses on "
+                   "demand (.colibri files; 0 = every expert used in place in the file mapping)")
+        ->capture_default_str();
+    app.add_option("--cache-policy", policy, "Which expert leaves when the budget is full: lru, lfu or fifo")
+        ->capture_default_str();
+    app.add_option("--cache-io", io,
+                   "How experts are read: pread-direct (O_DIRECT, no page cache), pread, or mmap "
+                   "(the mapping, populated and paged out)")
+        ->capture_default_str();
+    app.add_option("--prefetch", prefetch,
+                   "off (default, measured best here): read missing experts one by one when needed; on: read a layer's missing experts "
+                   "in parallel on loader threads; next: also prefetch the next layer's predicted experts")
+        ->capture_default_str();
+    app.add_option("--pinned-experts", pinned, "Experts never evicted, as layer:expert,layer:expert");
+    app.add_flag("--cache-verify", verify, "Check each expert block's checksum when it is read");
+  }
+
+  colibri::EvictionPolicy open_policy() const {
+    auto p = colibri::parse_policy(policy);
+    return p ? *p : colibri::EvictionPolicy::LRU;
+  }
+
+  // The store the flags describe, or null with --expert-cache-mb 0.
+  colibri::Result<std::unique_ptr<colibri::ExpertStore>> open(std::shared_ptr<const colibri::Model> model) const {
+    if (cache_mb <= 0) return std::unique_ptr<colibri::ExpertStore>();
+    colibri::ExpertStoreOptions options;
+    options.budget_bytes = static_cast<std::uint64_t>(cache_mb * 1048576.0);
+    auto p = colibri::parse_policy(policy);
+    if (!p) return p.error();
+    options.policy = *p;
+    auto i = colibri::parse_io(io);
+    if (!i) return i.error();
+    options.io = *i;
+    auto pins = colibri::parse_pinned(pinned);
+    if (!pins) return pins.error();
+    options.pinned = std::move(*pins);
+    if (prefetch == "off") {
+    } else if (prefetch == "on") {
+      options.prefetch = true;
+    } else if (prefetch == "next") {
+      options.prefetch = options.predict_next = true;
+    } else {
+      return colibri::make_error("unknown --prefetch '{}' (expected off, on or next)", prefetch);
+    }
+    options.verify_checksums = verify;
+    return colibri::ExpertStore::open(std::move(model), std::move(options));
+  }
+};
+
+}  // namespace colibri_tools
