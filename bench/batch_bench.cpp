@@ -34,18 +34,21 @@ struct Options {
   std::int32_t prompt = 128;
   std::int32_t threads = 1;
   std::int32_t repeat = 5;
+  bool ffn_one_plane = false;  // FFN products take one int8 plane instead of two
 };
 
 [[noreturn]] void usage(const char* error) {
   if (error != nullptr) std::fprintf(stderr, "error: %s\n\n", error);
   std::fprintf(stderr,
                "usage: colibri-batch-bench MODEL [--sessions 1,8] [--steps 64] [--prompt 128]\n"
-               "                           [--threads 1] [--repeat 5]\n"
+               "                           [--threads 1] [--repeat 5] [--ffn-one-plane]\n"
                "  MODEL       a .colibri file, GGUF file or Hugging Face directory\n"
                "  --sessions  session counts to compare (decode: batched vs one after another)\n"
                "  --steps     decode steps per run (each session's context must hold prompt + steps)\n"
                "  --prompt    prompt length for the prefill comparison (and the decode warm-up)\n"
                "  --threads   compute team size (1: no team)\n"
+               "  --ffn-one-plane  decode sessions' FFN products (experts) take one int8 activation plane\n"
+               "              (ActivationMode::Int8) instead of two: what batched arithmetic that costs\n"
                "  --repeat    runs per figure; the median is reported\n");
   std::exit(2);
 }
@@ -65,6 +68,10 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") usage(nullptr);
+    if (arg == "--ffn-one-plane") {
+      o.ffn_one_plane = true;
+      continue;
+    }
     if (arg.starts_with("--")) {
       if (i + 1 >= argc) usage(("missing value after " + std::string(arg)).c_str());
       const char* value = argv[++i];
@@ -142,6 +149,12 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<colibri::Session>> sessions;
     for (std::int32_t s = 0; s < n; ++s)
       sessions.push_back(std::make_unique<colibri::Session>(model, context, team.get()));
+    if (o.ffn_one_plane)
+      for (auto& session : sessions) {
+        colibri::ActivationModes modes = session->activation_modes();
+        modes.ffn_gate_up = modes.ffn_down = colibri::ActivationMode::Int8;
+        session->set_activation_modes(modes);
+      }
     std::vector<std::vector<float>> outputs(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(vocab)));
     std::vector<colibri::BatchItem> items(static_cast<std::size_t>(n));
     colibri::BatchDecoder decoder(model, n, team.get(), context);
