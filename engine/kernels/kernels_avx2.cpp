@@ -231,6 +231,46 @@ void q8_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin,
 // bytes (64 columns) give 8 int32 lanes, lane j covering columns [8j, 8j + 8).
 bool q4_int8_supported(int32_t group) { return group == 32 || group == 64 || group % 128 == 0; }
 
+// What a Q4 row adds after its complete 128-column blocks: the asymmetric
+// minimum term (summed across lanes) and the columns past the last complete
+// block. matvec and matmat both finish every row here, so they run the same
+// operations in the same order and stay bit-identical.
+struct Q4RowEnd {
+  float tail;
+  float mins;
+};
+
+template <bool Residual>
+Q4RowEnd q4_row_end(const std::uint8_t* row, const float* row_scales, const float* mins, const ActivationView& a,
+                    int32_t groups, size_t group, size_t cols, size_t blocks) {
+  __m256 min_acc = _mm256_setzero_ps();
+  for (int32_t g = 0; g < groups; g += 8) {
+    const __m256i m = mask8(static_cast<size_t>(groups - g));
+    const __m256 group_mins = _mm256_maskload_ps(mins + g, m);
+    const __m256 x_sum = _mm256_mul_ps(_mm256_maskload_ps(a.scales + g, m),
+                                       _mm256_cvtepi32_ps(_mm256_maskload_epi32(a.sums + g, m)));
+    min_acc = _mm256_fmadd_ps(group_mins, x_sum, min_acc);
+    if constexpr (Residual) {
+      const __m256 r_sum = _mm256_mul_ps(_mm256_maskload_ps(a.residual_scales + g, m),
+                                         _mm256_cvtepi32_ps(_mm256_maskload_epi32(a.residual_sums + g, m)));
+      min_acc = _mm256_fmadd_ps(group_mins, r_sum, min_acc);
+    }
+  }
+  float tail = 0.0f;
+  for (size_t c = blocks * 128; c < cols;) {
+    const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+    int32_t dot = 0, dot_r = 0;
+    for (; c < end; ++c) {
+      const int code = (c % 2 == 0) ? (row[c / 2] & 0x0f) : (row[c / 2] >> 4);
+      dot += code * a.q[c];
+      if constexpr (Residual) dot_r += code * a.residual_q[c];
+    }
+    tail += row_scales[g] * a.scales[g] * static_cast<float>(dot);
+    if constexpr (Residual) tail += row_scales[g] * a.residual_scales[g] * static_cast<float>(dot_r);
+  }
+  return {tail, hsum(min_acc)};
+}
+
 template <bool Residual>
 void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
                     int32_t row_end) {
@@ -304,33 +344,9 @@ void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
-      __m256 min_acc = _mm256_setzero_ps();
-      for (int32_t g = 0; g < groups; g += 8) {
-        const __m256i m = mask8(static_cast<size_t>(groups - g));
-        const __m256 group_mins = _mm256_maskload_ps(mins + g, m);
-        const __m256 x_sum = _mm256_mul_ps(_mm256_maskload_ps(xq.scales + g, m),
-                                           _mm256_cvtepi32_ps(_mm256_maskload_epi32(xq.sums + g, m)));
-        min_acc = _mm256_fmadd_ps(group_mins, x_sum, min_acc);
-        if constexpr (Residual) {
-          const __m256 r_sum = _mm256_mul_ps(_mm256_maskload_ps(xq.residual_scales + g, m),
-                                             _mm256_cvtepi32_ps(_mm256_maskload_epi32(xq.residual_sums + g, m)));
-          min_acc = _mm256_fmadd_ps(group_mins, r_sum, min_acc);
-        }
-      }
-      float tail = 0.0f;
-      for (size_t c = blocks * 128; c < cols;) {
-        const size_t g = c / group, end = min_size(cols, (g + 1) * group);
-        int32_t dot = 0, dot_r = 0;
-        for (; c < end; ++c) {
-          const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
-          dot += code * xq.q[c];
-          if constexpr (Residual) dot_r += code * xq.residual_q[c];
-        }
-        tail += scales[r][g] * xq.scales[g] * static_cast<float>(dot);
-        if constexpr (Residual) tail += scales[r][g] * xq.residual_scales[g] * static_cast<float>(dot_r);
-      }
-      y[r0 + r] = hsum(acc[r]) + tail + hsum(min_acc);
+      const Q4RowEnd end = q4_row_end<Residual>(rows[r], scales[r], w.mins + (static_cast<size_t>(r0) + r) * groups,
+                                                xq, groups, group, cols, blocks);
+      y[r0 + r] = hsum(acc[r]) + end.tail + end.mins;
     }
   });
 }
@@ -685,33 +701,8 @@ void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq,
       const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
-        const ActivationView& a = *xs[v];
-        __m256 min_acc = _mm256_setzero_ps();
-        for (int32_t g = 0; g < groups; g += 8) {
-          const __m256i m = mask8(static_cast<size_t>(groups - g));
-          const __m256 group_mins = _mm256_maskload_ps(mins + g, m);
-          const __m256 x_sum = _mm256_mul_ps(_mm256_maskload_ps(a.scales + g, m),
-                                             _mm256_cvtepi32_ps(_mm256_maskload_epi32(a.sums + g, m)));
-          min_acc = _mm256_fmadd_ps(group_mins, x_sum, min_acc);
-          if constexpr (Residual) {
-            const __m256 r_sum = _mm256_mul_ps(_mm256_maskload_ps(a.residual_scales + g, m),
-                                               _mm256_cvtepi32_ps(_mm256_maskload_epi32(a.residual_sums + g, m)));
-            min_acc = _mm256_fmadd_ps(group_mins, r_sum, min_acc);
-          }
-        }
-        float tail = 0.0f;
-        for (size_t c = blocks * 128; c < cols;) {
-          const size_t g = c / group, end = min_size(cols, (g + 1) * group);
-          int32_t dot = 0, dot_r = 0;
-          for (; c < end; ++c) {
-            const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
-            dot += code * a.q[c];
-            if constexpr (Residual) dot_r += code * a.residual_q[c];
-          }
-          tail += scales[r][g] * a.scales[g] * static_cast<float>(dot);
-          if constexpr (Residual) tail += scales[r][g] * a.residual_scales[g] * static_cast<float>(dot_r);
-        }
-        y[v0 + v][r0 + r] = hsum(acc[r][v]) + tail + hsum(min_acc);
+        const Q4RowEnd end = q4_row_end<Residual>(rows[r], scales[r], mins, *xs[v], groups, group, cols, blocks);
+        y[v0 + v][r0 + r] = hsum(acc[r][v]) + end.tail + end.mins;
       }
     }
   });

@@ -219,6 +219,46 @@ void q8_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin,
 // min term, sum_g min_g * x_scale_g * sum(q_g), is one dot product over groups.
 bool q4_int8_supported(int32_t group) { return group == 32 || group == 64 || group % 128 == 0; }
 
+// What a Q4 row adds after its complete 128-column blocks: the asymmetric
+// minimum term (summed across lanes) and the columns past the last complete
+// block. matvec and matmat both finish every row here, so they run the same
+// operations in the same order and stay bit-identical.
+struct Q4RowEnd {
+  float tail;
+  float mins;
+};
+
+template <bool Residual>
+Q4RowEnd q4_row_end(const std::uint8_t* row, const float* row_scales, const float* mins, const ActivationView& a,
+                    int32_t groups, size_t group, size_t cols, size_t blocks) {
+  __m512 min_acc = _mm512_setzero_ps();
+  for (int32_t g = 0; g < groups; g += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(groups - g));
+    const __m512 group_mins = _mm512_maskz_loadu_ps(m, mins + g);
+    const __m512 x_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.scales + g),
+                                       _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, a.sums + g)));
+    min_acc = _mm512_fmadd_ps(group_mins, x_sum, min_acc);
+    if constexpr (Residual) {
+      const __m512 r_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.residual_scales + g),
+                                         _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, a.residual_sums + g)));
+      min_acc = _mm512_fmadd_ps(group_mins, r_sum, min_acc);
+    }
+  }
+  float tail = 0.0f;
+  for (size_t c = blocks * 128; c < cols;) {
+    const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+    int32_t dot = 0, dot_r = 0;
+    for (; c < end; ++c) {
+      const int code = (c % 2 == 0) ? (row[c / 2] & 0x0f) : (row[c / 2] >> 4);
+      dot += code * a.q[c];
+      if constexpr (Residual) dot_r += code * a.residual_q[c];
+    }
+    tail += row_scales[g] * a.scales[g] * static_cast<float>(dot);
+    if constexpr (Residual) tail += row_scales[g] * a.residual_scales[g] * static_cast<float>(dot_r);
+  }
+  return {tail, _mm512_reduce_add_ps(min_acc)};
+}
+
 template <bool Residual>
 void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
                     int32_t row_end) {
@@ -284,34 +324,9 @@ void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
-      __m512 min_acc = _mm512_setzero_ps();
-      for (int32_t g = 0; g < groups; g += 16) {
-        const __mmask16 m = mask16(static_cast<size_t>(groups - g));
-        const __m512 group_mins = _mm512_maskz_loadu_ps(m, mins + g);
-        const __m512 x_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xq.scales + g),
-                                           _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, xq.sums + g)));
-        min_acc = _mm512_fmadd_ps(group_mins, x_sum, min_acc);
-        if constexpr (Residual) {
-          const __m512 r_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xq.residual_scales + g),
-                                             _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, xq.residual_sums + g)));
-          min_acc = _mm512_fmadd_ps(group_mins, r_sum, min_acc);
-        }
-      }
-      // Columns past the last complete block (none when cols % 128 == 0).
-      float tail = 0.0f;
-      for (size_t c = blocks * 128; c < cols;) {
-        const size_t g = c / group, end = min_size(cols, (g + 1) * group);
-        int32_t dot = 0, dot_r = 0;
-        for (; c < end; ++c) {
-          const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
-          dot += code * xq.q[c];
-          if constexpr (Residual) dot_r += code * xq.residual_q[c];
-        }
-        tail += scales[r][g] * xq.scales[g] * static_cast<float>(dot);
-        if constexpr (Residual) tail += scales[r][g] * xq.residual_scales[g] * static_cast<float>(dot_r);
-      }
-      y[r0 + r] = _mm512_reduce_add_ps(acc[r]) + tail + _mm512_reduce_add_ps(min_acc);
+      const Q4RowEnd end = q4_row_end<Residual>(rows[r], scales[r], w.mins + (static_cast<size_t>(r0) + r) * groups,
+                                                xq, groups, group, cols, blocks);
+      y[r0 + r] = _mm512_reduce_add_ps(acc[r]) + end.tail + end.mins;
     }
   });
 }
@@ -760,33 +775,8 @@ void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq,
       const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
-        const ActivationView& a = *xs[v];
-        __m512 min_acc = _mm512_setzero_ps();
-        for (int32_t g = 0; g < groups; g += 16) {
-          const __mmask16 m = mask16(static_cast<size_t>(groups - g));
-          const __m512 group_mins = _mm512_maskz_loadu_ps(m, mins + g);
-          const __m512 x_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.scales + g),
-                                             _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, a.sums + g)));
-          min_acc = _mm512_fmadd_ps(group_mins, x_sum, min_acc);
-          if constexpr (Residual) {
-            const __m512 r_sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.residual_scales + g),
-                                               _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, a.residual_sums + g)));
-            min_acc = _mm512_fmadd_ps(group_mins, r_sum, min_acc);
-          }
-        }
-        float tail = 0.0f;
-        for (size_t c = blocks * 128; c < cols;) {
-          const size_t g = c / group, end = min_size(cols, (g + 1) * group);
-          int32_t dot = 0, dot_r = 0;
-          for (; c < end; ++c) {
-            const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
-            dot += code * a.q[c];
-            if constexpr (Residual) dot_r += code * a.residual_q[c];
-          }
-          tail += scales[r][g] * a.scales[g] * static_cast<float>(dot);
-          if constexpr (Residual) tail += scales[r][g] * a.residual_scales[g] * static_cast<float>(dot_r);
-        }
-        y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]) + tail + _mm512_reduce_add_ps(min_acc);
+        const Q4RowEnd end = q4_row_end<Residual>(rows[r], scales[r], mins, *xs[v], groups, group, cols, blocks);
+        y[v0 + v][r0 + r] = _mm512_reduce_add_ps(acc[r][v]) + end.tail + end.mins;
       }
     }
   });

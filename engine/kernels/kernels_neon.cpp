@@ -132,6 +132,47 @@ void q8_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
 // supported sizes (32, 64, multiples of 128).
 bool q4_int8_supported(int32_t group) { return group == 32 || group == 64 || group % 128 == 0; }
 
+// What a Q4 row adds after its complete 128-column blocks: the asymmetric
+// minimum term (summed across lanes) and the columns past the last complete
+// block. matvec and matmat both finish every row here, so they run the same
+// operations in the same order and stay bit-identical.
+struct Q4RowEnd {
+  float tail;
+  float mins;
+};
+
+template <bool Residual>
+Q4RowEnd q4_row_end(const std::uint8_t* row, const float* row_scales, const float* mins, const ActivationView& a,
+                    int32_t groups, size_t group, size_t cols, size_t blocks) {
+  float32x4_t min_acc = vdupq_n_f32(0.0f);
+  for (int32_t g = 0; g < groups; g += 4) {
+    const size_t len = min_size(4, static_cast<size_t>(groups - g));
+    int32_t sums[4] = {0, 0, 0, 0};
+    std::memcpy(sums, a.sums + g, 4 * len);
+    const float32x4_t group_mins = load4(mins + g, len);
+    const float32x4_t x_sum = vmulq_f32(load4(a.scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
+    min_acc = vfmaq_f32(min_acc, group_mins, x_sum);
+    if constexpr (Residual) {
+      std::memcpy(sums, a.residual_sums + g, 4 * len);
+      const float32x4_t r_sum = vmulq_f32(load4(a.residual_scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
+      min_acc = vfmaq_f32(min_acc, group_mins, r_sum);
+    }
+  }
+  float tail = 0.0f;
+  for (size_t c = blocks * 128; c < cols;) {
+    const size_t g = c / group, end = min_size(cols, (g + 1) * group);
+    int32_t dot = 0, dot_r = 0;
+    for (; c < end; ++c) {
+      const int code = (c % 2 == 0) ? (row[c / 2] & 0x0f) : (row[c / 2] >> 4);
+      dot += code * a.q[c];
+      if constexpr (Residual) dot_r += code * a.residual_q[c];
+    }
+    tail += row_scales[g] * a.scales[g] * static_cast<float>(dot);
+    if constexpr (Residual) tail += row_scales[g] * a.residual_scales[g] * static_cast<float>(dot_r);
+  }
+  return {tail, vaddvq_f32(min_acc)};
+}
+
 template <bool Residual>
 void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin,
                     int32_t row_end) {
@@ -176,34 +217,9 @@ void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
       }
     }
     for (int r = 0; r < NR; ++r) {
-      const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
-      float32x4_t min_acc = vdupq_n_f32(0.0f);
-      for (int32_t g = 0; g < groups; g += 4) {
-        const size_t len = min_size(4, static_cast<size_t>(groups - g));
-        int32_t sums[4] = {0, 0, 0, 0};
-        std::memcpy(sums, xq.sums + g, 4 * len);
-        const float32x4_t group_mins = load4(mins + g, len);
-        const float32x4_t x_sum = vmulq_f32(load4(xq.scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
-        min_acc = vfmaq_f32(min_acc, group_mins, x_sum);
-        if constexpr (Residual) {
-          std::memcpy(sums, xq.residual_sums + g, 4 * len);
-          const float32x4_t r_sum = vmulq_f32(load4(xq.residual_scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
-          min_acc = vfmaq_f32(min_acc, group_mins, r_sum);
-        }
-      }
-      float tail = 0.0f;
-      for (size_t c = blocks * 128; c < cols;) {
-        const size_t g = c / group, end = min_size(cols, (g + 1) * group);
-        int32_t dot = 0, dot_r = 0;
-        for (; c < end; ++c) {
-          const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
-          dot += code * xq.q[c];
-          if constexpr (Residual) dot_r += code * xq.residual_q[c];
-        }
-        tail += scales[r][g] * xq.scales[g] * static_cast<float>(dot);
-        if constexpr (Residual) tail += scales[r][g] * xq.residual_scales[g] * static_cast<float>(dot_r);
-      }
-      y[r0 + r] = vaddvq_f32(acc[r]) + tail + vaddvq_f32(min_acc);
+      const Q4RowEnd end = q4_row_end<Residual>(rows[r], scales[r], w.mins + (static_cast<size_t>(r0) + r) * groups,
+                                                xq, groups, group, cols, blocks);
+      y[r0 + r] = vaddvq_f32(acc[r]) + end.tail + end.mins;
     }
   });
 }
@@ -375,34 +391,8 @@ void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq,
     for (int r = 0; r < NR; ++r) {
       const float* mins = w.mins + (static_cast<size_t>(r0) + r) * groups;
       for (int v = 0; v < NV; ++v) {
-        const ActivationView& a = *xs[v];
-        float32x4_t min_acc = vdupq_n_f32(0.0f);
-        for (int32_t g = 0; g < groups; g += 4) {
-          const size_t len = min_size(4, static_cast<size_t>(groups - g));
-          int32_t sums[4] = {0, 0, 0, 0};
-          std::memcpy(sums, a.sums + g, 4 * len);
-          const float32x4_t group_mins = load4(mins + g, len);
-          const float32x4_t x_sum = vmulq_f32(load4(a.scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
-          min_acc = vfmaq_f32(min_acc, group_mins, x_sum);
-          if constexpr (Residual) {
-            std::memcpy(sums, a.residual_sums + g, 4 * len);
-            const float32x4_t r_sum = vmulq_f32(load4(a.residual_scales + g, len), vcvtq_f32_s32(vld1q_s32(sums)));
-            min_acc = vfmaq_f32(min_acc, group_mins, r_sum);
-          }
-        }
-        float tail = 0.0f;
-        for (size_t c = blocks * 128; c < cols;) {
-          const size_t g = c / group, end = min_size(cols, (g + 1) * group);
-          int32_t dot = 0, dot_r = 0;
-          for (; c < end; ++c) {
-            const int code = (c % 2 == 0) ? (rows[r][c / 2] & 0x0f) : (rows[r][c / 2] >> 4);
-            dot += code * a.q[c];
-            if constexpr (Residual) dot_r += code * a.residual_q[c];
-          }
-          tail += scales[r][g] * a.scales[g] * static_cast<float>(dot);
-          if constexpr (Residual) tail += scales[r][g] * a.residual_scales[g] * static_cast<float>(dot_r);
-        }
-        y[v0 + v][r0 + r] = vaddvq_f32(acc[r][v]) + tail + vaddvq_f32(min_acc);
+        const Q4RowEnd end = q4_row_end<Residual>(rows[r], scales[r], mins, *xs[v], groups, group, cols, blocks);
+        y[v0 + v][r0 + r] = vaddvq_f32(acc[r][v]) + end.tail + end.mins;
       }
     }
   });
