@@ -242,11 +242,8 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   if (config.routing_mode != "standard") {
     RoutingOptions routing;
     routing.mode = *routing_mode_from_name(config.routing_mode);  // the config's choices are the mode names
-    const std::int32_t experts = model->config().n_experts;
-    routing.n_group = config.routing_n_group > 0 ? static_cast<std::int32_t>(config.routing_n_group)
-                                                 : (experts % 4 == 0 ? 4 : 2);
-    routing.topk_group = config.routing_topk_group > 0 ? static_cast<std::int32_t>(config.routing_topk_group)
-                                                       : std::max(1, routing.n_group / 2);
+    routing.n_group = static_cast<std::int32_t>(config.routing_n_group);  // 0: make_mode_router's default
+    routing.topk_group = static_cast<std::int32_t>(config.routing_topk_group);
     routing.load_window = static_cast<std::int32_t>(config.routing_load_window);
     routing.load_threshold = config.routing_load_threshold;
     auto router = make_mode_router(*model, routing);

@@ -9,8 +9,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "runtime/perplexity.h"
 #include "runtime/routing_fidelity.h"
 
@@ -39,7 +37,6 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string routing;
   colibri::RoutingOptions routing_options;
-  routing_options.n_group = 0;
   app.add_option("--routing", routing,
                  "Measure a routing mode against standard routing: int8, group-limited, hash, load-aware or all");
   app.add_option("--n-group", routing_options.n_group,
@@ -90,9 +87,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "colibri-perplexity: --routing compares the model with itself; drop --kl-base\n");
       return 2;
     }
-    const std::int32_t experts = (*model)->config().n_experts;
-    if (routing_options.n_group == 0) routing_options.n_group = experts % 4 == 0 ? 4 : 2;
-    if (routing_options.topk_group == 0) routing_options.topk_group = std::max(1, routing_options.n_group / 2);
     std::vector<colibri::RoutingOptions> modes;
     for (auto mode : {colibri::RoutingMode::Int8, colibri::RoutingMode::GroupLimited, colibri::RoutingMode::Hash,
                       colibri::RoutingMode::LoadAware}) {

@@ -26,4 +26,10 @@ Status validate(const RouterSpec& spec);
 Status route_top_k(const RouterSpec& spec, std::span<const float> logits, std::span<float> probabilities,
                    std::span<std::int32_t> experts, std::span<float> weights);
 
+// The same, choosing only among experts with allowed[e] != 0 (every expert
+// when `allowed` is empty); the softmax still spans all of them. Fewer
+// allowed experts than top_k is an error.
+Status route_top_k_masked(const RouterSpec& spec, std::span<const float> logits, std::span<const std::uint8_t> allowed,
+                          std::span<float> probabilities, std::span<std::int32_t> experts, std::span<float> weights);
+
 }  // namespace colibri

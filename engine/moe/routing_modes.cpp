@@ -86,33 +86,6 @@ Status validate(const RoutingOptions& options, const RouterSpec& spec) {
   return Status::Ok();
 }
 
-Status route_top_k_masked(const RouterSpec& spec, std::span<const float> logits, std::span<const std::uint8_t> allowed,
-                          std::span<float> probabilities, std::span<std::int32_t> experts, std::span<float> weights) {
-  const auto n = static_cast<std::size_t>(spec.n_experts);
-  const auto k = static_cast<std::size_t>(spec.top_k);
-  if (logits.size() != n || probabilities.size() != n)
-    return make_error("router: expected {} logits, got {}", n, logits.size());
-  if (experts.size() != k || weights.size() != k) return make_error("router: expected room for {} experts", k);
-  float max = -INFINITY;
-  for (std::size_t e = 0; e < n; ++e) {
-    if (!std::isfinite(logits[e])) return make_error("router: logit of expert {} is not finite", e);
-    max = std::fmax(max, logits[e]);
-  }
-  float sum = 0.0f;
-  for (std::size_t e = 0; e < n; ++e) {
-    probabilities[e] = std::exp(logits[e] - max);
-    sum += probabilities[e];
-  }
-  for (std::size_t e = 0; e < n; ++e) probabilities[e] /= sum;
-  std::size_t filled = 0;
-  for (std::size_t e = 0; e < n; ++e)
-    if (allowed.empty() || allowed[e] != 0)
-      insert_top(probabilities[e], static_cast<std::int32_t>(e), k, filled, weights.data(), experts.data());
-  if (filled < k) return make_error("router: only {} experts allowed, top_k is {}", filled, k);
-  if (spec.normalize_top_k) normalize(weights);
-  return Status::Ok();
-}
-
 Result<ModeRouter> ModeRouter::create(const RoutingOptions& options, const RouterSpec& spec,
                                       std::span<const Matrix* const> routers) {
   COLIBRI_TRY(validate(options, spec));

@@ -105,9 +105,4 @@ class ModeRouter {
   std::uint64_t rows_scored_ = 0;
 };
 
-// Softmax over `logits` and top-k among experts with allowed[e] != 0 (all
-// when allowed is empty), as route_top_k does. Shared by the modes.
-Status route_top_k_masked(const RouterSpec& spec, std::span<const float> logits, std::span<const std::uint8_t> allowed,
-                          std::span<float> probabilities, std::span<std::int32_t> experts, std::span<float> weights);
-
 }  // namespace colibri

@@ -16,6 +16,9 @@
 namespace colibri {
 
 // A ModeRouter over `model`'s routers (one per layer; dense layers have none).
+// For group-limited routing, n_group 0 means 4 groups when the experts divide
+// by 4 (else 2) and topk_group 0 means half of them; router->options() holds
+// the values used.
 Result<std::shared_ptr<ModeRouter>> make_mode_router(const Model& model, const RoutingOptions& options);
 
 struct RoutingFidelity {
