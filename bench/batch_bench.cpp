@@ -35,6 +35,7 @@ struct Options {
   std::int32_t threads = 1;
   std::int32_t repeat = 5;
   bool ffn_one_plane = false;  // FFN products take one int8 plane instead of two
+  colibri::WeightsMemory weights = colibri::WeightsMemory::Auto;
 };
 
 [[noreturn]] void usage(const char* error) {
@@ -42,6 +43,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: colibri-batch-bench MODEL [--sessions 1,8] [--steps 64] [--prompt 128]\n"
                "                           [--threads 1] [--repeat 5] [--ffn-one-plane]\n"
+               "                           [--weights auto|map|copy]\n"
                "  MODEL       a .colibri file, GGUF file or Hugging Face directory\n"
                "  --sessions  session counts to compare (decode: batched vs one after another)\n"
                "  --steps     decode steps per run (each session's context must hold prompt + steps)\n"
@@ -49,7 +51,9 @@ struct Options {
                "  --threads   compute team size (1: no team)\n"
                "  --ffn-one-plane  decode sessions' FFN products (experts) take one int8 activation plane\n"
                "              (ActivationMode::Int8) instead of two: what batched arithmetic that costs\n"
-               "  --repeat    runs per figure; the median is reported\n");
+               "  --repeat    runs per figure; the median is reported\n"
+               "  --weights   .colibri weights copied into huge-page memory, mapped, or auto (copy when\n"
+               "              it fits)\n");
   std::exit(2);
 }
 
@@ -91,6 +95,12 @@ Options parse(int argc, char** argv) {
         o.threads = positive("--threads", value);
       } else if (arg == "--repeat") {
         o.repeat = positive("--repeat", value);
+      } else if (arg == "--weights") {
+        const std::string_view w = value;
+        if (w == "auto") o.weights = colibri::WeightsMemory::Auto;
+        else if (w == "map") o.weights = colibri::WeightsMemory::Map;
+        else if (w == "copy") o.weights = colibri::WeightsMemory::Copy;
+        else usage("--weights takes auto, map or copy");
       } else {
         usage(("unknown option " + std::string(arg)).c_str());
       }
@@ -125,9 +135,12 @@ int fail(const colibri::Error& error) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  auto loaded = colibri::Model::load(o.model);
+  colibri::LoadOptions load;
+  load.memory = o.weights;
+  auto loaded = colibri::Model::load(o.model, load);
   if (!loaded) return fail(loaded.error());
   const std::shared_ptr<const colibri::Model> model = *loaded;
+  if (!model->weights_memory().empty()) std::printf("weights %s\n", model->weights_memory().c_str());
   const std::int32_t vocab = model->config().vocab;
   std::unique_ptr<colibri::ThreadTeam> team;
   if (o.threads > 1) team = std::make_unique<colibri::ThreadTeam>(o.threads);

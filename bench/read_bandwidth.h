@@ -24,6 +24,7 @@ struct ReadBandwidth {
   std::int32_t threads = 0;
   std::int32_t passes = 0;
   std::string isa;
+  std::string pages;  // the buffer's page kind (core/arena.h): thp, hugetlb or normal
   std::vector<std::string> pin_errors;  // threads that could not be pinned
 };
 

@@ -67,7 +67,8 @@ struct Config {
   std::string watch_model = "auto";
   std::int64_t watch_interval_ms = 2000;
   std::int64_t watch_quiet_ms = 500;
-  std::string model_memory = "map";
+  std::string model_memory = "auto";
+  bool lock_memory = false;
   std::int64_t expert_cache_mb = 0;
   std::string expert_cache_policy = "lru";
   std::string expert_cache_io = "pread-direct";

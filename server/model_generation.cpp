@@ -1,6 +1,7 @@
 #include "model_generation.h"
 
 #include "store/expert_store.h"
+#include "core/system_memory.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -74,76 +75,7 @@ Result<std::uint64_t> hash_files(const fs::path& path) {
   return digest;
 }
 
-// min(MemAvailable, the cgroup's limit minus its usage): what a new model may
-// still take without pushing this process (or its cgroup) into the OOM killer.
-std::uint64_t available_memory() {
-  std::uint64_t available = UINT64_MAX;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib) {
-    std::getline(meminfo, unit);
-    if (key == "MemAvailable:") {
-      available = kib * 1024;
-      break;
-    }
-  }
-  auto read_number = [](const fs::path& p) -> std::optional<std::uint64_t> {
-    std::ifstream in(p);
-    std::string text;
-    if (!(in >> text) || text == "max") return std::nullopt;
-    try {
-      return std::stoull(text);
-    } catch (...) {
-      return std::nullopt;
-    }
-  };
-  // cgroup v2 (this process's own group), else v1's memory controller.
-  std::ifstream self("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(self, line)) {
-    std::optional<std::uint64_t> limit, usage;
-    if (line.rfind("0::", 0) == 0) {
-      const fs::path dir = fs::path("/sys/fs/cgroup") / line.substr(4);
-      limit = read_number(dir / "memory.max");
-      usage = read_number(dir / "memory.current");
-    } else if (auto at = line.find(":memory:"); at != std::string::npos) {
-      const fs::path dir = fs::path("/sys/fs/cgroup/memory") / line.substr(at + 9);
-      limit = read_number(dir / "memory.limit_in_bytes");
-      usage = read_number(dir / "memory.usage_in_bytes");
-    }
-    // v1 reports "no limit" as a huge number.
-    if (limit && usage && *limit < (1ull << 60)) available = std::min(available, *limit > *usage ? *limit - *usage : 0);
-  }
-  return available;
-}
 
-// Replaces the file-backed pages of a mapping by anonymous pages holding the
-// same bytes, at the same addresses, so every weight view stays valid and no
-// later change to the file can reach the served model.
-Status pin_in_memory(std::span<const std::uint8_t> bytes, const std::string& path) {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t length = (bytes.size() + page - 1) / page * page;
-  void* copy = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (copy == MAP_FAILED) return make_error("{}: cannot allocate {} MiB to copy the model: {}", path, length >> 20, std::strerror(errno));
-  {
-    sigbus::LoadScope scope;
-    std::memcpy(copy, bytes.data(), bytes.size());
-    if (scope.faulted()) {
-      ::munmap(copy, length);
-      return make_error("{}: the file was truncated while it was copied into memory; not loaded", path);
-    }
-  }
-  ::mprotect(copy, length, PROT_READ);
-  void* moved = ::mremap(copy, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, const_cast<std::uint8_t*>(bytes.data()));
-  if (moved == MAP_FAILED) {
-    const int err = errno;
-    ::munmap(copy, length);
-    return make_error("{}: cannot move the copied model over its mapping: {}", path, std::strerror(err));
-  }
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -177,12 +109,17 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   if (!generation->stamp.exists) return make_error("{}: no such file or directory", config.model);
   const auto start = Clock::now();
 
+  LoadOptions load;
+  load.verify_checksums = verify;
+  load.lock = config.lock_memory;
+  // An expert budget reads experts from the file: the weights stay mapped.
+  load.memory = config.model_memory == "copy"                             ? WeightsMemory::Copy
+                : config.model_memory == "map" || config.expert_cache_mb > 0 ? WeightsMemory::Map
+                                                                           : WeightsMemory::Auto;
   std::shared_ptr<const Model> model;
-  {
+  auto load_model = [&]() -> Status {
     sigbus::LoadScope scope;
-    LoadOptions options;
-    options.verify_checksums = verify;
-    auto loaded = Model::load(config.model, options);
+    auto loaded = Model::load(config.model, load);
     if (!loaded) return loaded.error();
     model = *loaded;
     const auto bytes = model->mapped_bytes();
@@ -191,7 +128,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
       if (!image) return image.error();
       const auto head = std::min<std::uint64_t>(image->header.data_offset, bytes.size());
       generation->checksum = xxh3_label(colibri_checksum(bytes.first(head)));
-      generation->memory = config.model_memory;
+      generation->memory = model->weights_copied() ? "copy" : "map";
     } else {
       auto digest = hash_files(config.model);
       if (!digest) return digest.error();
@@ -201,28 +138,37 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     if (scope.faulted())
       return make_error("{}: the file was truncated while it was being read (SIGBUS caught); not loaded",
                         config.model);
-  }
+    return Status::Ok();
+  };
+  COLIBRI_TRY(load_model());
 
-  // Memory for the new sessions' KV caches (and the copy) must be there now:
-  // the old model keeps its own until its last request ends.
+  // Memory for the new sessions' KV caches must be there now: the old model
+  // keeps its own until its last request ends. A copy made by `auto` gives way
+  // to a mapping when the two do not fit together.
   const ModelConfig& c = model->config();
   std::int64_t context = config.context_length;
   if (context == 0) context = std::min<std::int64_t>(c.max_positions > 0 ? c.max_positions : Session::kDefaultMaxContext,
                                                      Session::kDefaultMaxContext);
   const double kv = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
                     static_cast<double>(context) * static_cast<double>(config.max_sessions);
-  const bool copy = config.model_memory == "copy" && !model->mapped_bytes().empty();
   // An expert store's slots are allocated when it opens, below.
-  const double needed = kv + (copy ? static_cast<double>(model->mapped_bytes().size()) : 0.0) +
-                        static_cast<double>(config.expert_cache_mb) * 1048576.0;
-  const std::uint64_t available = available_memory();
+  const double needed = kv + static_cast<double>(config.expert_cache_mb) * 1048576.0;
+  std::uint64_t available = available_memory();
+  if (needed + static_cast<double>(available) / 10 > static_cast<double>(available) && load.memory == WeightsMemory::Auto &&
+      model->weights_copied()) {
+    spdlog::info("{}: the KV caches ({:.0f} MiB) do not fit beside a copy of the weights; mapping them instead",
+                 config.model, kv / (1 << 20));
+    model.reset();
+    load.memory = WeightsMemory::Map;
+    COLIBRI_TRY(load_model());
+    available = available_memory();
+  }
   if (needed > static_cast<double>(available))
-    return make_error("{}: not enough memory: the new model needs {:.0f} MiB (KV cache {:.0f} MiB{}) but {} MiB are "
+    return make_error("{}: not enough memory: the new model needs {:.0f} MiB (KV cache {:.0f} MiB) but {} MiB are "
                       "available (MemAvailable, cgroup memory limit); lower max_sessions or context_length",
-                      config.model, needed / (1 << 20), kv / (1 << 20),
-                      copy ? fmt::format(" + weights copied {} MiB", model->mapped_bytes().size() >> 20) : "",
-                      available >> 20);
-  if (copy) COLIBRI_TRY(pin_in_memory(model->mapped_bytes(), config.model));
+                      config.model, needed / (1 << 20), kv / (1 << 20), available >> 20);
+  if (!model->weights_lock_error().empty()) spdlog::warn("lock_memory: {}", model->weights_lock_error());
+  const bool copy = model->weights_copied();
 
   auto chat = ChatTemplate::select(*model, config.chat_template);
   if (!chat) return chat.error();

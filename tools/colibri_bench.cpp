@@ -25,6 +25,7 @@
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "store_flags.h"
+#include "weights_flags.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -256,6 +257,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "Print one JSON document instead of the table");
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
+  colibri_tools::WeightsFlags weights_flags;
+  weights_flags.add(app);
   double cache_percent = 0;
   app.add_option("--expert-cache-percent", cache_percent,
                  "Like --expert-cache-mb, as a percentage of the model's expert bytes (overrides it)")
@@ -281,7 +284,8 @@ int main(int argc, char** argv) {
 
   const colibri::benchtool::Faults faults_at_start = colibri::benchtool::process_faults();
   const auto load_start = Clock::now();
-  auto loaded = colibri::Model::load(model_path);
+  auto loaded =
+      colibri::Model::load(model_path, weights_flags.load_options(store_flags.cache_mb > 0 || cache_percent > 0));
   if (!loaded) return fail(loaded.error().message);
   const double load_seconds = seconds_since(load_start);
   const std::shared_ptr<const colibri::Model> model = *loaded;
@@ -551,6 +555,7 @@ int main(int argc, char** argv) {
       {"weight_scheme", model->weight_scheme()},
       {"file_bytes", file_size},
       {"load_seconds", load_seconds},
+      {"weights_memory", model->weights_memory()},
       {"threads", threads},
       {"cores", cores},
       {"prompt_tokens", prompt_tokens},
@@ -590,6 +595,7 @@ int main(int argc, char** argv) {
         {"threads", bandwidth.threads},
         {"passes", bandwidth.passes},
         {"isa", bandwidth.isa},
+        {"pages", bandwidth.pages},
         {"pin_errors", bandwidth.pin_errors}}},
       {"bytes_per_decode_step",
        {{"total", traffic.total()},
@@ -618,6 +624,8 @@ int main(int argc, char** argv) {
   line("run", fmt::format("{} threads on cores [{}], prompt {} tokens, {} decode steps, {} requests after {} warm-up",
                           threads, fmt::join(cores, ","), prompt_tokens, gen_tokens, requests, warmup));
   line("load", fmt::format("{:.2f} s", load_seconds));
+  if (!model->weights_memory().empty()) line("weights", model->weights_memory());
+  if (!model->weights_lock_error().empty()) line("mlock", model->weights_lock_error());
   line("cpu share", fmt::format("{:.0f} % of {} cores while timed (below 100 %: other processes took CPU time)",
                                 cpu_share * 100, threads));
   line("prefill", fmt::format("{:.1f} tokens/s (passes of at most {} tokens, activations {})", median(prefill_rates),
@@ -643,9 +651,9 @@ int main(int argc, char** argv) {
                    gb(static_cast<double>(traffic.attention)), gb(static_cast<double>(traffic.router)),
                    gb(static_cast<double>(traffic.experts)), gb(static_cast<double>(traffic.lm_head))));
   line("memory read bandwidth",
-       fmt::format("{:.1f} GB/s best, {:.1f} GB/s median ({} threads, {}, {} MiB, {} passes)", bandwidth.best / 1e9,
-                   bandwidth.median / 1e9, bandwidth.threads, bandwidth.isa, bandwidth.buffer_bytes >> 20,
-                   bandwidth.passes));
+       fmt::format("{:.1f} GB/s best, {:.1f} GB/s median ({} threads, {}, {} MiB on {} pages, {} passes)",
+                   bandwidth.best / 1e9, bandwidth.median / 1e9, bandwidth.threads, bandwidth.isa,
+                   bandwidth.buffer_bytes >> 20, bandwidth.pages, bandwidth.passes));
   line("roofline fraction", fmt::format("{:.1f} % of the best measured bandwidth", roofline * 100));
   if (store) {
     line("expert store (decode)", store_line);

@@ -13,6 +13,7 @@
 #include "runtime/generator.h"
 #include "runtime/session.h"
 #include "store_flags.h"
+#include "weights_flags.h"
 
 namespace {
 
@@ -112,9 +113,11 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "Print only the generated text");
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
+  colibri_tools::WeightsFlags weights_flags;
+  weights_flags.add(app);
   CLI11_PARSE(app, argc, argv);
 
-  auto model = colibri::Model::load(model_path);
+  auto model = colibri::Model::load(model_path, weights_flags.load_options(store_flags.cache_mb > 0));
   if (!model) {
     std::fprintf(stderr, "colibri-run: %s\n", model.error().message.c_str());
     return 1;
@@ -159,6 +162,8 @@ int main(int argc, char** argv) {
   }
   if (*store && !(*store)->io_note().empty() && !quiet)
     std::fprintf(stderr, "colibri-run: %s\n", (*store)->io_note().c_str());
+  if (!(*model)->weights_lock_error().empty())
+    std::fprintf(stderr, "colibri-run: --mlock: %s\n", (*model)->weights_lock_error().c_str());
   colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get());
   std::ofstream dump;
   if (!dump_tensors.empty()) {

@@ -109,19 +109,27 @@ Result<Arena> Arena::create(std::size_t capacity, const ArenaOptions& options) {
     arena.kind_ = PageKind::Normal;
   }
 
-  if (options.lock) {
-    if (mlock(arena.base_, arena.size_) == 0) {
-      arena.locked_ = true;
-    } else {
-      const int error = errno;
-      arena.lock_error_ = fmt::format(
-          "mlock of {} bytes failed ({}); the locked-memory limit is {}: raise it with `ulimit -l unlimited` "
-          "(shell), LimitMEMLOCK=infinity (systemd unit) or memlock in /etc/security/limits.conf, or run with "
-          "CAP_IPC_LOCK",
-          arena.size_, std::strerror(error), memlock_limit());
-    }
-  }
+  if (options.lock) arena.lock();
   return arena;
+}
+
+std::string mlock_failure(std::size_t bytes, int error) {
+  return fmt::format(
+      "mlock of {} bytes failed ({}); the locked-memory limit is {}: raise it with `ulimit -l unlimited` "
+      "(shell), LimitMEMLOCK=infinity (systemd unit) or memlock in /etc/security/limits.conf, or run with "
+      "CAP_IPC_LOCK",
+      bytes, std::strerror(error), memlock_limit());
+}
+
+bool Arena::lock() {
+  if (base_ == nullptr || locked_) return locked_;
+  if (mlock(base_, size_) == 0) {
+    locked_ = true;
+    lock_error_.clear();
+  } else {
+    lock_error_ = mlock_failure(size_, errno);
+  }
+  return locked_;
 }
 
 Arena::Arena(Arena&& other) noexcept { *this = std::move(other); }

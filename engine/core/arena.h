@@ -26,6 +26,9 @@ enum class PageKind {
 
 std::string_view page_kind_name(PageKind kind);
 
+// Why mlock of `bytes` failed with `error`, with the settings that fix it.
+std::string mlock_failure(std::size_t bytes, int error);
+
 struct ArenaOptions {
   bool try_hugetlb = true;
   bool try_transparent = true;
@@ -56,6 +59,9 @@ class Arena {
   void reset() { used_ = 0; }
   // Writes every page of the region so it is resident, on this thread's node.
   void prefault();
+  // mlock the region now (faulting in what is not yet resident); false with
+  // lock_error() set when the system refuses.
+  bool lock();
 
   std::byte* data() const { return base_; }
   std::size_t capacity() const { return size_; }

@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace colibri {
 
@@ -40,20 +42,68 @@ Result<MappedFile> MappedFile::open(const std::filesystem::path& path) {
   return file;
 }
 
-MappedFile::MappedFile(MappedFile&& other) noexcept
-    : data_(other.data_), size_(other.size_), path_(std::move(other.path_)) {
-  other.data_ = nullptr;
-  other.size_ = 0;
+Result<MappedFile> MappedFile::copy(int fd, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return make_error("{}: cannot stat: {}", path.string(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return make_error("{}: not a regular file", path.string());
+  MappedFile file;
+  file.path_ = path;
+  file.size_ = static_cast<std::size_t>(st.st_size);
+  if (file.size_ == 0) return file;
+  auto arena = Arena::create(file.size_);
+  if (!arena) return make_error("{}: cannot allocate {} MiB to copy the file into: {}", path.string(),
+                                file.size_ >> 20, arena.error().message);
+  file.copy_ = std::move(arena).value();
+  auto* into = reinterpret_cast<std::uint8_t*>(file.copy_.data());
+  // Large reads: the kernel's per-call cost vanishes and each chunk fills
+  // whole huge pages.
+  constexpr std::size_t kChunk = std::size_t{64} << 20;
+  for (std::size_t offset = 0; offset < file.size_;) {
+    const std::size_t want = std::min(kChunk, file.size_ - offset);
+    const ssize_t got = ::pread(fd, into + offset, want, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return make_error("{}: read failed at byte {}: {}", path.string(), offset, std::strerror(errno));
+    if (got == 0)
+      return make_error("{}: the file ended at byte {} of {} while it was copied into memory (truncated while "
+                        "loading?)",
+                        path.string(), offset, file.size_);
+    offset += static_cast<std::size_t>(got);
+  }
+  file.data_ = into;
+  return file;
 }
+
+bool MappedFile::lock() {
+  if (data_ == nullptr || locked_) return locked_;
+  if (copied()) {
+    locked_ = copy_.lock();
+    lock_error_ = copy_.lock_error();
+  } else if (::mlock(data_, size_) == 0) {
+    locked_ = true;
+  } else {
+    lock_error_ = mlock_failure(size_, errno);
+  }
+  return locked_;
+}
+
+std::string MappedFile::describe() const {
+  std::string text = copied() ? "copied into memory (" + copy_.describe() + ")"
+                              : fmt::format("mapped from the page cache ({} KiB, base pages)", size_ >> 10);
+  if (locked_ && !copied()) text += ", locked";
+  return text;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
     reset();
-    data_ = other.data_;
-    size_ = other.size_;
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
     path_ = std::move(other.path_);
-    other.data_ = nullptr;
-    other.size_ = 0;
+    copy_ = std::move(other.copy_);
+    locked_ = std::exchange(other.locked_, false);
+    lock_error_ = std::move(other.lock_error_);
   }
   return *this;
 }
@@ -61,9 +111,14 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 MappedFile::~MappedFile() { reset(); }
 
 void MappedFile::reset() {
-  if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+  if (data_ != nullptr && !copied()) {
+    if (locked_) ::munlock(data_, size_);
+    ::munmap(const_cast<std::uint8_t*>(data_), size_);
+  }
+  copy_ = Arena{};
   data_ = nullptr;
   size_ = 0;
+  locked_ = false;
 }
 
 }  // namespace colibri

@@ -13,9 +13,26 @@
 #include "format/colibri_file.h"
 #include "kernels/quantize.h"
 #include "model/model.h"
+#include "core/system_memory.h"
 #include "model/tensor_plan.h"
 
 namespace colibri {
+
+namespace {
+
+// Auto keeps a tenth of what is available free beside the copy and the
+// caller's reserve: page tables, the allocator, other processes' growth.
+bool copy_weights(const LoadOptions& options, int fd) {
+  if (options.memory != WeightsMemory::Auto) return options.memory == WeightsMemory::Copy;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  const std::uint64_t available = available_memory();
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  return size <= available && options.reserve_bytes <= available - size &&
+         size + options.reserve_bytes <= available - available / 10;
+}
+
+}  // namespace
 
 class ColibriLoader {
  public:
@@ -27,7 +44,8 @@ class ColibriLoader {
     // point at even if a new file is renamed over the path meanwhile.
     FileHandle descriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!descriptor.valid()) return make_error("{}: cannot open: {}", source, std::strerror(errno));
-    auto file = MappedFile::open(path);
+    auto file = copy_weights(options, descriptor.get()) ? MappedFile::copy(descriptor.get(), path)
+                                                        : MappedFile::open(path);
     if (!file) return file.error();
     struct stat opened {}, mapped {};
     if (::fstat(descriptor.get(), &opened) != 0 || ::stat(path.c_str(), &mapped) != 0 ||
@@ -109,6 +127,7 @@ class ColibriLoader {
       model->expert_blocks_.push_back({static_cast<std::int32_t>(e.layer), static_cast<std::int32_t>(e.expert),
                                        image->header.data_offset + e.offset, e.size, e.checksum});
     model->mapping_ = std::move(file).value();
+    if (options.lock) model->mapping_.lock();
     model->file_ = std::move(descriptor);
     return std::shared_ptr<const Model>(std::move(model));
   }

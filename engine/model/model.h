@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/mapped_file.h"
@@ -28,10 +29,25 @@ struct ExpertBlockInfo {
   std::uint64_t checksum = 0;
 };
 
+// Where a .colibri file's weights live (see core/mapped_file.h). Checkpoints
+// converted at load (safetensors, GGUF) are always in the process's own memory.
+enum class WeightsMemory {
+  Map,   // the page cache's pages: instant, shared between processes, 4 KiB pages
+  Copy,  // read into huge-page memory at load: decode streams weights faster
+  Auto,  // Copy when the copy and reserve_bytes fit in available memory, else Map
+};
+
 struct LoadOptions {
   // .colibri files: recompute every tensor and expert checksum before use
   // (the header checksum is always checked).
   bool verify_checksums = false;
+  WeightsMemory memory = WeightsMemory::Map;
+  // Auto: memory the caller needs beside the weights (KV caches, an expert
+  // store's slots), so a copy never takes what they will need.
+  std::uint64_t reserve_bytes = 0;
+  // .colibri files: mlock the weights. A refusal does not fail the load:
+  // Model::weights_lock_error() says why and how to allow it.
+  bool lock = false;
 };
 
 class Model {
@@ -65,6 +81,13 @@ class Model {
   // mapping, so a file renamed over the path later does not change it).
   const std::vector<ExpertBlockInfo>& expert_blocks() const { return expert_blocks_; }
   std::span<const std::uint8_t> mapped_bytes() const { return mapping_.bytes(); }
+  // The file's bytes are a private copy (WeightsMemory::Copy), not the page
+  // cache's pages.
+  bool weights_copied() const { return mapping_.copied(); }
+  // How a .colibri file's bytes are held ("mapped ..." / "copied ..."), empty
+  // for converted checkpoints.
+  std::string weights_memory() const { return mapping_.data() ? mapping_.describe() : std::string(); }
+  const std::string& weights_lock_error() const { return mapping_.lock_error(); }
   int file_descriptor() const { return file_.get(); }
 
  private:

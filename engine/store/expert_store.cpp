@@ -76,6 +76,11 @@ Status ExpertStore::init(std::shared_ptr<const Model> model, ExpertStoreOptions 
                       "needs the .colibri expert index",
                       model_->path().string());
 
+  if (model_->weights_copied())
+    return make_error("expert store: {} was copied into memory whole (weights memory = copy), so an expert "
+                      "budget would save nothing; load it mapped (map) to bound the experts' memory",
+                      model_->path().string());
+
   blocks_.assign(keys, Block{});
   slot_of_.assign(keys, -1);
   const std::span<const std::uint8_t> mapping = model_->mapped_bytes();

@@ -226,7 +226,7 @@ TEST_F(ReloadTest, Sigusr1UnloadsAndSighupLoadsAgain) {
 }
 
 TEST_F(ReloadTest, TruncationWhileMappedFailsOnlyAffectedRequestsThenServesAgain) {
-  auto server = start({"--watch-model", "poll"});
+  auto server = start({"--watch-model", "poll", "--model-memory", "map"});
   ASSERT_NE(server, nullptr);
   const int port = server->port();
   // A running stream and a running non-streamed request when the file shrinks.
@@ -284,6 +284,17 @@ TEST_F(ReloadTest, CopiedModelIsNotAffectedByTruncation) {
   EXPECT_EQ(http_get(port, "/ready").status, 200);
   EXPECT_EQ(checksum(port), before);
   EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["memory"], "copy");
+}
+
+// auto copies a model that fits with room to spare (every fixture does here),
+// and says so; map is what it says.
+TEST_F(ReloadTest, AutoCopiesASmallModelAndMapStaysMapped) {
+  auto server = start();
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(http_get(server->port(), "/v1/models").json_body()["data"][0]["memory"], "copy");
+  auto mapped = start({"--model-memory", "map"});
+  ASSERT_NE(mapped, nullptr);
+  EXPECT_EQ(http_get(mapped->port(), "/v1/models").json_body()["data"][0]["memory"], "map");
 }
 
 TEST_F(ReloadTest, AdminReloadReportsChecksumOrError) {

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "format/checkpoint.h"
@@ -56,6 +58,45 @@ TEST(ThreadTeam, ManyShortJobsAndIdleGapsStayCorrect) {
     total += job_sum;
   }
   EXPECT_GT(total, 0);
+}
+
+// CPU time (user + system) of one thread of this process, in clock ticks.
+long thread_cpu_ticks(pid_t tid) {
+  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Fields after the command name, which is in parentheses and may hold spaces.
+  std::istringstream rest(text.substr(text.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+// An idle member blocks: it must not keep polling its core (it once spun 80 %
+// of the time, halving the memory bandwidth of whatever shared the core), and
+// it must still wake for the next job.
+TEST(ThreadTeam, IdleMembersDoNotBurnTheirCores) {
+  ThreadTeam team(2);
+  std::atomic<int> ran{0};
+  team.parallel_for(64, 1, [&](std::int32_t, std::int32_t begin, std::int32_t end) { ran += end - begin; });
+  ASSERT_EQ(ran.load(), 64);
+  const pid_t worker = team.thread_ids()[1];
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin budget
+  const long before = thread_cpu_ticks(worker);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const long idle_ticks = thread_cpu_ticks(worker) - before;
+  const long ticks_per_second = sysconf(_SC_CLK_TCK);
+  EXPECT_LE(idle_ticks, ticks_per_second / 20) << "an idle member used " << idle_ticks << " ticks of "
+                                                << ticks_per_second / 2 << " (0.5 s)";
+  for (int job = 0; job < 100; ++job) {
+    ran = 0;
+    team.parallel_for(64, 1, [&](std::int32_t, std::int32_t begin, std::int32_t end) { ran += end - begin; });
+    ASSERT_EQ(ran.load(), 64);
+    if (job % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 // Regression: a member still holding an exhausted claim of the previous job
