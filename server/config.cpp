@@ -187,8 +187,8 @@ const std::array kOptions = {
                "other processes); a file truncated under the server is caught (SIGBUS guard): the "
                "affected requests fail, the model is marked damaged and reloaded when a valid file "
                "appears. auto: copy when the copy, the KV caches and a tenth of the available memory "
-               "to spare fit, else map; always map with an expert budget (expert_cache_mb), which "
-               "needs the file mapped.",
+               "to spare fit, else map; with an expert budget (expert_cache_mb) the experts stay "
+               "mapped for the store and only the other tensors are copied.",
                Reload::Hot},
     OptionSpec{"lock_memory", &C::lock_memory, 0, 0, "",
                "mlock the model's weights so they are never paged out. A refusal (RLIMIT_MEMLOCK) does "

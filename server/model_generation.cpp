@@ -116,6 +116,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   load.memory = config.model_memory == "copy"                             ? WeightsMemory::Copy
                 : config.model_memory == "map" || config.expert_cache_mb > 0 ? WeightsMemory::Map
                                                                            : WeightsMemory::Auto;
+  load.copy_dense = config.model_memory == "auto" && config.expert_cache_mb > 0;
   std::shared_ptr<const Model> model;
   auto load_model = [&]() -> Status {
     sigbus::LoadScope scope;

@@ -31,6 +31,9 @@ struct WeightsFlags {
     options.memory = memory == "copy" ? colibri::WeightsMemory::Copy
                      : memory == "map" || expert_budget ? colibri::WeightsMemory::Map
                                                         : colibri::WeightsMemory::Auto;
+    // The store pages experts from the mapping; what every token reads
+    // still goes on huge pages.
+    options.copy_dense = memory == "auto" && expert_budget;
     options.lock = lock;
     return options;
   }

@@ -93,6 +93,21 @@ class ColibriLoader {
     if (plan.size() != image->tensors.size())
       return make_error("{}: holds {} tensors but a {} model of this config has {}", source,
                         image->tensors.size(), c.arch->display_name, plan.size());
+    // Dense tensors first gathered into one huge-page region (copy_dense),
+    // each 64-byte aligned as the kernels' loads expect.
+    const bool copy_dense = options.copy_dense && !file->copied();
+    if (copy_dense) {
+      std::size_t dense_bytes = 0;
+      for (const PlannedTensor& p : plan)
+        if (auto it = by_name.find(p.name); it != by_name.end() && p.role != TensorRole::Expert)
+          dense_bytes += (it->second->size + 63) / 64 * 64;
+      if (dense_bytes > 0) {
+        auto arena = Arena::create(dense_bytes);
+        if (!arena) return make_error("{}: cannot allocate {} MiB for the non-expert tensors: {}", source,
+                                      dense_bytes >> 20, arena.error().message);
+        model->dense_copy_ = std::move(arena).value();
+      }
+    }
     for (const PlannedTensor& p : plan) {
       auto it = by_name.find(p.name);
       if (it == by_name.end())
@@ -111,6 +126,12 @@ class ColibriLoader {
                             p.layer, p.expert);
       }
       const std::uint8_t* bytes = image->tensor_bytes(t).data();
+      if (copy_dense && p.role != TensorRole::Expert && t.size > 0) {
+        auto into = model->dense_copy_.allocate(t.size, 64);
+        if (!into) return make_error("{}: tensor '{}': {}", source, t.name, into.error().message);
+        std::memcpy(*into, bytes, t.size);
+        bytes = reinterpret_cast<const std::uint8_t*>(*into);
+      }
       if (p.is_vector) {
         if (t.format != WeightFormat::F32)
           return make_error("{}: vector '{}' is stored as {}; vectors must be f32", source, t.name,

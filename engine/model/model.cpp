@@ -72,6 +72,14 @@ Result<std::shared_ptr<const Model>> Model::from_source(const std::filesystem::p
   return std::shared_ptr<const Model>(std::move(model));
 }
 
+std::string Model::weights_memory() const {
+  if (mapping_.data() == nullptr) return {};
+  std::string text = mapping_.describe();
+  if (dense_copy_.data() != nullptr)
+    text += fmt::format("; {} MiB of non-expert tensors copied ({})", dense_copy_.used() >> 20, dense_copy_.describe());
+  return text;
+}
+
 Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& path,
                                                  const LoadOptions& options) {
   std::error_code ec;

@@ -45,6 +45,11 @@ struct LoadOptions {
   // Auto: memory the caller needs beside the weights (KV caches, an expert
   // store's slots), so a copy never takes what they will need.
   std::uint64_t reserve_bytes = 0;
+  // Map only: copy the tensors outside the expert blocks (attention, routers,
+  // norms, embeddings, lm_head: what every token reads) into huge-page memory
+  // and leave the experts mapped, for an expert store to page. Auto with an
+  // expert budget means this.
+  bool copy_dense = false;
   // .colibri files: mlock the weights. A refusal does not fail the load:
   // Model::weights_lock_error() says why and how to allow it.
   bool lock = false;
@@ -86,7 +91,7 @@ class Model {
   bool weights_copied() const { return mapping_.copied(); }
   // How a .colibri file's bytes are held ("mapped ..." / "copied ..."), empty
   // for converted checkpoints.
-  std::string weights_memory() const { return mapping_.data() ? mapping_.describe() : std::string(); }
+  std::string weights_memory() const;
   const std::string& weights_lock_error() const { return mapping_.lock_error(); }
   int file_descriptor() const { return file_.get(); }
 
@@ -105,6 +110,7 @@ class Model {
   std::size_t weight_bytes_ = 0;
   std::vector<float> storage_;  // checkpoints loaded as f32: views in weights_ point here
   MappedFile mapping_;          // .colibri files: views in weights_ point here
+  Arena dense_copy_;            // LoadOptions::copy_dense: the non-expert views point here
   FileHandle file_;             // .colibri files: the mapped file, open for pread
   std::vector<ExpertBlockInfo> expert_blocks_;
 };

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/arena.h"
 #include "core/result.h"
 #include "model/file_handle.h"
 #include "model/model.h"
@@ -186,6 +187,7 @@ class ExpertStore {
   std::uint64_t slot_bytes_ = 0, slot_count_ = 0;
   std::size_t pinned_count_ = 0;
   std::unique_ptr<Slot[]> slots_;
+  Arena slot_memory_;  // the slots, when experts are read (not mmap mode)
   std::uint8_t* arena_ = nullptr;
   std::uint64_t arena_bytes_ = 0;
   FileHandle direct_fd_;

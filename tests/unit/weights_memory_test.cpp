@@ -123,6 +123,50 @@ TEST_F(WeightsMemoryTest, CopyReadsTheWholeFileAndNamesAShortRead) {
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), reinterpret_cast<const char*>(copy->data())));
 }
 
+bool inside(const void* p, std::span<const std::uint8_t> bytes) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  return b >= bytes.data() && b < bytes.data() + bytes.size();
+}
+
+// copy_dense: the tensors every token reads move to huge pages, the experts
+// stay in the mapping for a store to page, and nothing changes in the output,
+// with or without a store evicting at every token.
+TEST_F(WeightsMemoryTest, DenseCopyKeepsExpertsMappedAndLogitsIdentical) {
+  const fs::path path = convert("olmoe-tiny", "int8");
+  auto mapped = load(path, WeightsMemory::Map);
+  LoadOptions options;
+  options.copy_dense = true;
+  auto loaded = Model::load(path, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  const std::shared_ptr<const Model> dense = *loaded;
+  EXPECT_FALSE(dense->weights_copied());
+  EXPECT_NE(dense->weights_memory().find("non-expert tensors copied"), std::string::npos) << dense->weights_memory();
+  const LayerWeights& layer = dense->weights().layers[0];
+  EXPECT_FALSE(inside(layer.q.data, dense->mapped_bytes()));
+  EXPECT_FALSE(inside(layer.router.data, dense->mapped_bytes()));
+  EXPECT_FALSE(inside(dense->weights().lm_head.data, dense->mapped_bytes()));
+  EXPECT_TRUE(inside(layer.experts[0].gate.data, dense->mapped_bytes()));
+  const auto expected = run(mapped);
+  EXPECT_EQ(run(dense), expected);
+
+  std::uint64_t largest = 0;
+  for (const ExpertBlockInfo& b : dense->expert_blocks()) largest = std::max(largest, b.size);
+  ExpertStoreOptions store_options;
+  // top_k slots: evictions at every token
+  store_options.budget_bytes = static_cast<std::uint64_t>(dense->config().top_k) * ((largest + 4095) / 4096 * 4096);
+  auto store = ExpertStore::open(dense, std::move(store_options));
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  Session session(dense, 64, nullptr, 1, store->get());
+  std::int32_t token = 1;
+  for (int i = 0; i < 12; ++i) {
+    if (i < 6) token = 1 + 7 * i;
+    auto logits = session.decode(token);
+    ASSERT_TRUE(logits.ok()) << logits.error().message;
+    EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), expected[static_cast<std::size_t>(i)]) << i;
+    token = static_cast<std::int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+  }
+}
+
 TEST_F(WeightsMemoryTest, AnExpertBudgetRefusesCopiedWeights) {
   const fs::path path = convert("olmoe-tiny", "int8");
   auto copied = load(path, WeightsMemory::Copy);
