@@ -46,6 +46,12 @@ const std::array kOptions = {
                "capped at 4096. Memory: max_sessions x context_length KV entries are allocated at start "
                "(and again for the new model during a reload).",
                Reload::Hot},
+    OptionSpec{"kv_cache", &C::kv_cache, 0, 0, "auto|f32|f16",
+               "Element type of the sessions' KV caches. f16 halves their memory and the bytes attention "
+               "reads per position (K and V are rounded to f16 once, when written; the measured cost in "
+               "fidelity is in docs/KERNELS.md); f32 keeps them exact; auto: f16 for int8/int4 models, f32 "
+               "for f32/f16/bf16 ones.",
+               Reload::Hot},
     OptionSpec{"max_sessions", &C::max_sessions, 1, 1024, "",
                "Generations that run at once (continuous batching: each scheduler step feeds one token "
                "of every decoding generation plus one prompt chunk, see prefill_chunk). Each owns a KV "

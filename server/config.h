@@ -33,6 +33,7 @@ struct Config {
   std::int64_t port = 8080;
   std::int64_t grpc_port = 50051;
   std::int64_t context_length = 0;
+  std::string kv_cache = "auto";
   std::int64_t max_sessions = 4;
   std::int64_t max_queue = 16;
   std::int64_t queue_timeout_ms = 60000;

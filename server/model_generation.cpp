@@ -150,8 +150,11 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   std::int64_t context = config.context_length;
   if (context == 0) context = std::min<std::int64_t>(c.max_positions > 0 ? c.max_positions : Session::kDefaultMaxContext,
                                                      Session::kDefaultMaxContext);
-  const double kv = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
-                    static_cast<double>(context) * static_cast<double>(config.max_sessions);
+  // The config's choices are the type names; auto resolves per model (f16 for int8/int4 weights).
+  const KvCacheType kv_type = resolve_kv_cache_type(
+      kv_cache_type_from_name(config.kv_cache).value_or(KvCacheType::Auto), *model);
+  const double kv = static_cast<double>(kv_cache_bytes(c, static_cast<std::int32_t>(context), kv_type)) *
+                    static_cast<double>(config.max_sessions);
   // An expert store's slots are allocated when it opens, below.
   const double needed = kv + static_cast<double>(config.expert_cache_mb) * 1048576.0;
   std::uint64_t available = available_memory();
@@ -165,9 +168,10 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     available = available_memory();
   }
   if (needed > static_cast<double>(available))
-    return make_error("{}: not enough memory: the new model needs {:.0f} MiB (KV cache {:.0f} MiB) but {} MiB are "
-                      "available (MemAvailable, cgroup memory limit); lower max_sessions or context_length",
-                      config.model, needed / (1 << 20), kv / (1 << 20), available >> 20);
+    return make_error("{}: not enough memory: the new model needs {:.0f} MiB (KV cache {:.0f} MiB, {}) but {} MiB "
+                      "are available (MemAvailable, cgroup memory limit); lower max_sessions or context_length{}",
+                      config.model, needed / (1 << 20), kv / (1 << 20), kv_cache_type_name(kv_type),
+                      available >> 20, kv_type == KvCacheType::F32 ? ", or set kv_cache to f16" : "");
   if (!model->weights_lock_error().empty()) spdlog::warn("lock_memory: {}", model->weights_lock_error());
   const bool copy = model->weights_copied();
 
@@ -179,6 +183,9 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   options.max_sessions = static_cast<std::int32_t>(config.max_sessions);
   options.max_queue = static_cast<std::int32_t>(config.max_queue);
   options.context = static_cast<std::int32_t>(config.context_length);
+  options.kv_cache = kv_type;
+  generation->kv_cache = std::string(kv_cache_type_name(kv_type));
+  generation->kv_cache_bytes = static_cast<std::uint64_t>(kv);
   options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
   options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
   options.queue_timeout_ms = config.queue_timeout_ms;

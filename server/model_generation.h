@@ -49,6 +49,8 @@ struct Generation {
   // whole verified content; for other formats XXH3-64 of the file(s) read.
   std::string checksum;
   std::string memory;  // "map", "copy", or "converted" (checkpoints converted in memory)
+  std::string kv_cache;           // the sessions' KV cache element type: "f32" or "f16"
+  std::uint64_t kv_cache_bytes = 0;  // of all sessions together
   double load_seconds = 0;
   std::int64_t loaded_unix = 0;
   FileStamp stamp;     // of the path just before it was read

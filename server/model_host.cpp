@@ -91,11 +91,12 @@ Status ModelHost::load_initial() {
   generation->number = next_generation_++;
   generation->scheduler->start();
   service_.swap(generation);
-  spdlog::info("model {} loaded in {:.2f} s: checksum {}, {} ({} weights, {} MiB, memory {}), chat template {}",
+  spdlog::info("model {} loaded in {:.2f} s: checksum {}, {} ({} weights, {} MiB, memory {}), KV caches {} MiB "
+               "({}), chat template {}",
                generation->path, generation->load_seconds, generation->checksum,
                generation->model->config().arch ? generation->model->config().arch->model_type : "?",
                generation->model->weight_scheme(), generation->model->weight_bytes() >> 20, generation->memory,
-               generation->chat->name());
+               generation->kv_cache_bytes >> 20, generation->kv_cache, generation->chat->name());
   retarget_watcher(generation->stamp);
   return Status::Ok();
 }

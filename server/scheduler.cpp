@@ -47,8 +47,8 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
   for (std::int32_t i = 0; i < options_.max_sessions; ++i) {
     // Sessions are only stepped through batch_, so their own forward pass
     // needs room for one token.
-    pool_.push_back(
-        std::make_unique<Session>(model_, options_.context, team_.get(), 1, options_.expert_store.get()));
+    pool_.push_back(std::make_unique<Session>(model_, options_.context, team_.get(), 1,
+                                              options_.expert_store.get(), options_.kv_cache));
     free_.push_back(pool_.back().get());
   }
   context_ = pool_.front()->max_context();

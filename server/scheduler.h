@@ -38,6 +38,7 @@ struct SchedulerOptions {
   std::int32_t max_sessions = 4;
   std::int32_t max_queue = 16;
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
+  KvCacheType kv_cache = KvCacheType::Auto;  // every session's KV cache element type
   std::int32_t prefill_chunk = 32;  // prompt tokens per step, at most kMaxPrefillChunk
   std::int32_t compute_threads = 1;          // team size; 0 = available cores, 1 = no team
   std::vector<std::int32_t> compute_cores;   // pin the team here (empty: unpinned)

@@ -24,6 +24,7 @@
 #include "runtime/batch_decoder.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
+#include "kv_cache_flag.h"
 #include "store_flags.h"
 #include "weights_flags.h"
 
@@ -259,6 +260,8 @@ int main(int argc, char** argv) {
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
   weights_flags.add(app);
+  colibri_tools::KvCacheFlag kv_cache_flag;
+  kv_cache_flag.add(app);
   double cache_percent = 0;
   app.add_option("--expert-cache-percent", cache_percent,
                  "Like --expert-cache-mb, as a percentage of the model's expert bytes (overrides it)")
@@ -306,7 +309,7 @@ int main(int argc, char** argv) {
   auto opened_store = store_flags.open(model);
   if (!opened_store) return fail(opened_store.error().message);
   const std::unique_ptr<colibri::ExpertStore> store = std::move(*opened_store);
-  colibri::Session session(model, context, &team, prefill_batch, store.get());
+  colibri::Session session(model, context, &team, prefill_batch, store.get(), kv_cache_flag.type());
   // Expert-store counters over the timed decode steps only (prefill excluded).
   colibri::ExpertStoreTotals decode_store{};
   auto add_store_delta = [&decode_store](const colibri::ExpertStoreTotals& a, const colibri::ExpertStoreTotals& b) {
@@ -441,7 +444,9 @@ int main(int argc, char** argv) {
   const double router_matvec_ms = median(router_ms);
 
   const colibri::benchtool::WeightTraffic traffic = colibri::benchtool::decode_step_traffic(*model);
-  const std::uint64_t kv_bytes = colibri::benchtool::kv_cache_bytes(config, session.max_context());
+  // What the session allocated, in its resolved element type.
+  const std::uint64_t kv_bytes = session.kv_cache_bytes();
+  const std::string kv_type(colibri::kv_cache_type_name(session.kv_cache_type()));
   std::error_code size_error;
   const auto file_size = std::filesystem::is_regular_file(model_path)
                              ? static_cast<std::uint64_t>(std::filesystem::file_size(model_path, size_error))
@@ -579,6 +584,7 @@ int main(int argc, char** argv) {
       {"decode_phase_ms", phases},
       {"cpu_share", cpu_share},
       {"peak_rss_bytes", peak_rss},
+      {"kv_cache_type", kv_type},
       {"kv_cache_bytes", kv_bytes},
       {"rss_budget_bytes", rss_budget},
       {"page_faults",
@@ -641,8 +647,9 @@ int main(int argc, char** argv) {
                                          phase_ms[0], phase_ms[1], phase_ms[2], phase_ms[3], phase_ms[4], phase_ms[5]));
   line("router per token", fmt::format("{:.3f} ms (product {:.3f} ms + top-k {:.3f} ms, {} MoE layers)",
                                        router_matvec_ms + top_k_ms, router_matvec_ms, top_k_ms, moe_layers));
-  line("peak RSS", fmt::format("{} (budget 1.05 x file + KV cache {} = {})", gb(static_cast<double>(peak_rss)),
-                               gb(static_cast<double>(kv_bytes)), gb(rss_budget)));
+  line("peak RSS", fmt::format("{} (budget 1.05 x file + KV cache {} ({}, {} positions) = {})",
+                               gb(static_cast<double>(peak_rss)), gb(static_cast<double>(kv_bytes)), kv_type,
+                               session.max_context(), gb(rss_budget)));
   line("page faults", fmt::format("{:.0f} minor/s, {:.0f} major/s while timed ({} minor, {} major)",
                                   static_cast<double>(minor) / fault_window, static_cast<double>(major) / fault_window,
                                   minor, major));

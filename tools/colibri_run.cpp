@@ -12,6 +12,7 @@
 #include "runtime/batch_decoder.h"
 #include "runtime/generator.h"
 #include "runtime/session.h"
+#include "kv_cache_flag.h"
 #include "store_flags.h"
 #include "weights_flags.h"
 
@@ -115,6 +116,8 @@ int main(int argc, char** argv) {
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
   weights_flags.add(app);
+  colibri_tools::KvCacheFlag kv_cache_flag;
+  kv_cache_flag.add(app);
   CLI11_PARSE(app, argc, argv);
 
   auto model = colibri::Model::load(model_path, weights_flags.load_options(store_flags.cache_mb > 0));
@@ -164,7 +167,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "colibri-run: %s\n", (*store)->io_note().c_str());
   if (!(*model)->weights_lock_error().empty())
     std::fprintf(stderr, "colibri-run: --mlock: %s\n", (*model)->weights_lock_error().c_str());
-  colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get());
+  colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get(),
+                           kv_cache_flag.type());
   std::ofstream dump;
   if (!dump_tensors.empty()) {
     dump.open(dump_tensors);

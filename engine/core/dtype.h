@@ -24,6 +24,11 @@ inline float bf16_to_f32(std::uint16_t bits) {
 }
 
 float f16_to_f32(std::uint16_t bits);
+// IEEE binary16, rounded to nearest even; beyond the largest finite half
+// (65504) to +-inf, NaN to a quiet NaN. The portable definition every
+// vectorised f32 -> f16 conversion must match (hardware conversions round the
+// same way; only NaN payloads may differ).
+std::uint16_t f32_to_f16(float value);
 
 // Converts `count` elements of `dtype` at `src` (little-endian, any alignment) to f32.
 void convert_to_f32(DType dtype, const void* src, std::size_t count, float* dst);

@@ -265,4 +265,18 @@ void attention_values(const float* weights, const float* values, std::size_t str
   table().attention_values(weights, values, stride, n_positions, head_dim, out);
 }
 
+void attention_scores_f16(const float* q, const std::uint16_t* keys, std::size_t stride,
+                          std::int32_t n_positions, std::int32_t head_dim, float scale, float* scores) {
+  table().attention_scores_f16(q, keys, stride, n_positions, head_dim, scale, scores);
+}
+
+void attention_values_f16(const float* weights, const std::uint16_t* values, std::size_t stride,
+                          std::int32_t n_positions, std::int32_t head_dim, float* out) {
+  table().attention_values_f16(weights, values, stride, n_positions, head_dim, out);
+}
+
+void convert_f32_to_f16(const float* x, std::int32_t n, std::uint16_t* out) {
+  table().convert_f32_to_f16(x, n, out);
+}
+
 }  // namespace colibri::kernels

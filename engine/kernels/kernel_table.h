@@ -55,6 +55,11 @@ struct KernelTable {
                            std::int32_t n_positions, std::int32_t head_dim, float scale, float* scores);
   void (*attention_values)(const float* weights, const float* values, std::size_t stride,
                            std::int32_t n_positions, std::int32_t head_dim, float* out);
+  void (*attention_scores_f16)(const float* q, const std::uint16_t* keys, std::size_t stride,
+                               std::int32_t n_positions, std::int32_t head_dim, float scale, float* scores);
+  void (*attention_values_f16)(const float* weights, const std::uint16_t* values, std::size_t stride,
+                               std::int32_t n_positions, std::int32_t head_dim, float* out);
+  void (*convert_f32_to_f16)(const float* x, std::int32_t n, std::uint16_t* out);
 };
 
 // Defined by kernels_scalar.cpp (always), kernels_avx2.cpp / kernels_avx512.cpp

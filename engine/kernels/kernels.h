@@ -99,4 +99,17 @@ void attention_scores(const float* q, const float* keys, std::size_t stride, std
 void attention_values(const float* weights, const float* values, std::size_t stride,
                       std::int32_t n_positions, std::int32_t head_dim, float* out);
 
+// The same over a KV cache stored as IEEE f16 (bit patterns; `stride` is in
+// elements), for half the cache's memory and of the bytes read per position:
+// every key and value is widened to f32 exactly, in registers, and then
+// summed as in the f32 kernels (on x86 by the same code).
+void attention_scores_f16(const float* q, const std::uint16_t* keys, std::size_t stride,
+                          std::int32_t n_positions, std::int32_t head_dim, float scale, float* scores);
+void attention_values_f16(const float* weights, const std::uint16_t* values, std::size_t stride,
+                          std::int32_t n_positions, std::int32_t head_dim, float* out);
+// out[i] = x[i] as f16, rounded to nearest even (core/dtype.h f32_to_f16):
+// how K and V rows enter an f16 cache. Every path gives f32_to_f16's bits
+// (NaN payloads aside), so a cache's contents do not depend on the path.
+void convert_f32_to_f16(const float* x, std::int32_t n, std::uint16_t* out);
+
 }  // namespace colibri::kernels

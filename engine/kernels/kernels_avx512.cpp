@@ -1009,9 +1009,15 @@ void swiglu(const float* gate, const float* up, int32_t n, float* out) {
   }
 }
 
+// Up to 16 cached keys or values as f32: an f32 cache as stored, an f16
+// cache widened by vcvtph2ps (exact), so both caches share one kernel.
+__m512 load_kv16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+__m512 load_kv16(const std::uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+
 // Four positions at a time so four independent FMA chains hide the latency.
-void attention_scores(const float* q, const float* keys, size_t stride, int32_t n_positions,
-                      int32_t head_dim, float scale, float* scores) {
+template <class T>
+void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_positions, int32_t head_dim,
+                      float scale, float* scores) {
   const size_t dim = static_cast<size_t>(head_dim);
   int32_t p = 0;
   auto block = [&]<int NP>(int32_t p0) {
@@ -1023,8 +1029,7 @@ void attention_scores(const float* q, const float* keys, size_t stride, int32_t 
       const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
 #pragma GCC unroll 4
       for (int k = 0; k < NP; ++k)
-        acc[k] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, keys + (static_cast<size_t>(p0) + k) * stride + i),
-                                 acc[k]);
+        acc[k] = _mm512_fmadd_ps(qv, load_kv16(keys + (static_cast<size_t>(p0) + k) * stride + i, m), acc[k]);
     }
 #pragma GCC unroll 4
     for (int k = 0; k < NP; ++k) scores[p0 + k] = _mm512_reduce_add_ps(acc[k]) * scale;
@@ -1035,8 +1040,9 @@ void attention_scores(const float* q, const float* keys, size_t stride, int32_t 
 
 // Output in slices of 64 floats held in four registers while all positions
 // stream through.
-void attention_values(const float* weights, const float* values, size_t stride, int32_t n_positions,
-                      int32_t head_dim, float* out) {
+template <class T>
+void attention_values(const float* weights, const T* values, size_t stride, int32_t n_positions, int32_t head_dim,
+                      float* out) {
   const size_t dim = static_cast<size_t>(head_dim);
   for (size_t i = 0; i < dim; i += 64) {
     __mmask16 m[4];
@@ -1048,10 +1054,20 @@ void attention_values(const float* weights, const float* values, size_t stride, 
     }
     for (int32_t p = 0; p < n_positions; ++p) {
       const __m512 wp = _mm512_set1_ps(weights[p]);
-      const float* v = values + static_cast<size_t>(p) * stride + i;
-      for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(wp, _mm512_maskz_loadu_ps(m[k], v + 16 * k), acc[k]);
+      const T* v = values + static_cast<size_t>(p) * stride + i;
+      for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(wp, load_kv16(v + 16 * k, m[k]), acc[k]);
     }
     for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + i + 16 * k, m[k], acc[k]);
+  }
+}
+
+// vcvtps2ph with round-to-nearest-even in the instruction, not MXCSR's mode:
+// the same bits as f32_to_f16.
+void convert_f32_to_f16(const float* x, int32_t n, std::uint16_t* out) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int32_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(static_cast<size_t>(n - i));
+    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), kRound));
   }
 }
 
@@ -1064,8 +1080,11 @@ constexpr KernelTable kTable{
     .rmsnorm = rmsnorm,
     .softmax = softmax,
     .swiglu = swiglu,
-    .attention_scores = attention_scores,
-    .attention_values = attention_values,
+    .attention_scores = attention_scores<float>,
+    .attention_values = attention_values<float>,
+    .attention_scores_f16 = attention_scores<std::uint16_t>,
+    .attention_values_f16 = attention_values<std::uint16_t>,
+    .convert_f32_to_f16 = convert_f32_to_f16,
 };
 
 }  // namespace

@@ -465,6 +465,80 @@ void attention_values(const float* weights, const float* values, size_t stride, 
   }
 }
 
+// Up to 4 f16 cache elements widened to f32 (exact), zero past len. A ragged
+// tail is gathered element by element: a memcpy call would sit in the
+// attention kernels' position loops and push their accumulators to the stack.
+float32x4_t load4(const std::uint16_t* p, size_t len) {
+  if (len >= 4) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+  std::uint16_t buffer[4];
+  for (size_t j = 0; j < 4; ++j) buffer[j] = j < len ? p[j] : std::uint16_t{0};
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(buffer)));
+}
+
+// dot()'s order (two accumulators over 8 columns, then 4 at a time) over f16 keys.
+void attention_scores_f16(const float* q, const std::uint16_t* keys, size_t stride, int32_t n_positions,
+                          int32_t head_dim, float scale, float* scores) {
+  const size_t len = static_cast<size_t>(head_dim);
+  for (int32_t p = 0; p < n_positions; ++p) {
+    const std::uint16_t* k = keys + static_cast<size_t>(p) * stride;
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const float16x8_t half = vreinterpretq_f16_u16(vld1q_u16(k + i));
+      acc0 = vfmaq_f32(acc0, vld1q_f32(q + i), vcvt_f32_f16(vget_low_f16(half)));
+      acc1 = vfmaq_f32(acc1, vld1q_f32(q + i + 4), vcvt_high_f32_f16(half));
+    }
+    for (; i < len; i += 4) acc0 = vfmaq_f32(acc0, load4(q + i, len - i), load4(k + i, len - i));
+    scores[p] = vaddvq_f32(vaddq_f32(acc0, acc1)) * scale;
+  }
+}
+
+// Output in slices of 16 floats in four registers (four independent FMA
+// chains) while all positions stream through.
+void attention_values_f16(const float* weights, const std::uint16_t* values, size_t stride, int32_t n_positions,
+                          int32_t head_dim, float* out) {
+  const size_t dim = static_cast<size_t>(head_dim);
+  for (size_t i = 0; i < dim; i += 16) {
+    size_t len[4];
+    float32x4_t acc[4];
+    for (int k = 0; k < 4; ++k) {
+      const size_t at = i + 4 * static_cast<size_t>(k);
+      len[k] = at < dim ? dim - at : 0;
+      acc[k] = vdupq_n_f32(0.0f);
+    }
+    for (int32_t p = 0; p < n_positions; ++p) {
+      const std::uint16_t* v = values + static_cast<size_t>(p) * stride + i;
+      for (int k = 0; k < 4; ++k)
+        if (len[k] > 0) acc[k] = vfmaq_n_f32(acc[k], load4(v + 4 * k, len[k]), weights[p]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      if (len[k] >= 4) {
+        vst1q_f32(out + i + 4 * static_cast<size_t>(k), acc[k]);
+      } else if (len[k] > 0) {
+        float buffer[4];
+        vst1q_f32(buffer, acc[k]);
+        std::memcpy(out + i + 4 * static_cast<size_t>(k), buffer, 4 * len[k]);
+      }
+    }
+  }
+}
+
+// vcvt_f16_f32 rounds in the FPCR's mode, round-to-nearest-even unless a
+// program changed it: the same bits as f32_to_f16.
+void convert_f32_to_f16(const float* x, int32_t n, std::uint16_t* out) {
+  const size_t len = static_cast<size_t>(n);
+  for (size_t i = 0; i < len; i += 4) {
+    const uint16x4_t half = vreinterpret_u16_f16(vcvt_f16_f32(load4(x + i, len - i)));
+    if (len - i >= 4) {
+      vst1_u16(out + i, half);
+    } else {
+      std::uint16_t buffer[4];
+      vst1_u16(buffer, half);
+      std::memcpy(out + i, buffer, 2 * (len - i));
+    }
+  }
+}
+
 void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
                          float* scales, int32_t* sums, float* residual) {
   scalar_kernel_table()->quantize_activation(x, n, group, q, q4, scales, sums, residual);
@@ -488,6 +562,9 @@ constexpr KernelTable kTable{
     .swiglu = swiglu,
     .attention_scores = attention_scores,
     .attention_values = attention_values,
+    .attention_scores_f16 = attention_scores_f16,
+    .attention_values_f16 = attention_values_f16,
+    .convert_f32_to_f16 = convert_f32_to_f16,
 };
 
 }  // namespace

@@ -312,6 +312,31 @@ void attention_values(const float* weights, const float* values, std::size_t str
   }
 }
 
+// The f16 cache variants: each element widened exactly, then the f32
+// kernels' arithmetic in the same order.
+void attention_scores_f16(const float* q, const std::uint16_t* keys, std::size_t stride, std::int32_t n_positions,
+                          std::int32_t head_dim, float scale, float* scores) {
+  for (std::int32_t p = 0; p < n_positions; ++p) {
+    const std::uint16_t* k = keys + static_cast<std::size_t>(p) * stride;
+    float sum = 0.0f;
+    for (std::int32_t i = 0; i < head_dim; ++i) sum += q[i] * f16_to_f32(k[i]);
+    scores[p] = sum * scale;
+  }
+}
+
+void attention_values_f16(const float* weights, const std::uint16_t* values, std::size_t stride,
+                          std::int32_t n_positions, std::int32_t head_dim, float* out) {
+  std::fill_n(out, head_dim, 0.0f);
+  for (std::int32_t p = 0; p < n_positions; ++p) {
+    const std::uint16_t* v = values + static_cast<std::size_t>(p) * stride;
+    for (std::int32_t i = 0; i < head_dim; ++i) out[i] += weights[p] * f16_to_f32(v[i]);
+  }
+}
+
+void convert_f32_to_f16(const float* x, std::int32_t n, std::uint16_t* out) {
+  for (std::int32_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
 constexpr KernelTable kTable{
     .isa = Isa::Scalar,
     .quantize_activation = quantize_activation,
@@ -323,6 +348,9 @@ constexpr KernelTable kTable{
     .swiglu = swiglu,
     .attention_scores = attention_scores,
     .attention_values = attention_values,
+    .attention_scores_f16 = attention_scores_f16,
+    .attention_values_f16 = attention_values_f16,
+    .convert_f32_to_f16 = convert_f32_to_f16,
 };
 
 }  // namespace

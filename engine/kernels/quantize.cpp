@@ -17,31 +17,6 @@ std::uint16_t f32_to_bf16(float value) {
   return static_cast<std::uint16_t>(bits >> 16);
 }
 
-std::uint16_t f32_to_f16(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  std::uint32_t sign = (bits >> 16) & 0x8000u;
-  std::int32_t exponent = static_cast<std::int32_t>((bits >> 23) & 0xffu) - 127 + 15;
-  std::uint32_t mantissa = bits & 0x7fffffu;
-  if (((bits >> 23) & 0xffu) == 0xffu)  // inf / NaN
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
-  if (exponent >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (exponent <= 0) {
-    if (exponent < -10) return static_cast<std::uint16_t>(sign);
-    mantissa |= 0x800000u;
-    std::uint32_t shift = static_cast<std::uint32_t>(14 - exponent);
-    std::uint32_t half = mantissa >> shift;
-    std::uint32_t rest = mantissa & ((1u << shift) - 1u);
-    std::uint32_t halfway = 1u << (shift - 1);
-    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
-    return static_cast<std::uint16_t>(sign | half);
-  }
-  std::uint32_t half = sign | (static_cast<std::uint32_t>(exponent) << 10) | (mantissa >> 13);
-  std::uint32_t rest = mantissa & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent: correct
-  return static_cast<std::uint16_t>(half);
-}
-
 }  // namespace
 
 void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols, std::int32_t group,

@@ -101,4 +101,52 @@ void softmax(float* x, std::int32_t n) {
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+namespace {
+
+float widen(float x) { return x; }
+float widen(std::uint16_t x) { return f16_to_f32(x); }
+
+template <class T>
+void attention_scores_of(const float* q, const T* keys, std::size_t stride, std::int32_t n_positions,
+                         std::int32_t head_dim, float scale, float* scores) {
+  for (std::int32_t p = 0; p < n_positions; ++p) {
+    const T* k = keys + static_cast<std::size_t>(p) * stride;
+    float sum = 0.0f;
+    for (std::int32_t i = 0; i < head_dim; ++i) sum += q[i] * widen(k[i]);
+    scores[p] = sum * scale;
+  }
+}
+
+template <class T>
+void attention_values_of(const float* weights, const T* values, std::size_t stride, std::int32_t n_positions,
+                         std::int32_t head_dim, float* out) {
+  std::fill_n(out, head_dim, 0.0f);
+  for (std::int32_t p = 0; p < n_positions; ++p) {
+    const T* v = values + static_cast<std::size_t>(p) * stride;
+    for (std::int32_t i = 0; i < head_dim; ++i) out[i] += weights[p] * widen(v[i]);
+  }
+}
+
+}  // namespace
+
+void attention_scores(const float* q, const float* keys, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float scale, float* scores) {
+  attention_scores_of(q, keys, stride, n_positions, head_dim, scale, scores);
+}
+
+void attention_scores(const float* q, const std::uint16_t* keys, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float scale, float* scores) {
+  attention_scores_of(q, keys, stride, n_positions, head_dim, scale, scores);
+}
+
+void attention_values(const float* weights, const float* values, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float* out) {
+  attention_values_of(weights, values, stride, n_positions, head_dim, out);
+}
+
+void attention_values(const float* weights, const std::uint16_t* values, std::size_t stride,
+                      std::int32_t n_positions, std::int32_t head_dim, float* out) {
+  attention_values_of(weights, values, stride, n_positions, head_dim, out);
+}
+
 }  // namespace colibri::ref

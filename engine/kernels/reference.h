@@ -2,6 +2,7 @@
 // and are the path the f32 forward pass uses today.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "model/weights.h"
@@ -19,6 +20,18 @@ void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, std
                       float theta);
 // In place, numerically stable.
 void softmax(float* x, std::int32_t n);
+// Attention over one head of a KV cache whose rows are `stride` elements
+// apart (kernels.h): scores[p] = scale * dot(q, key p), and
+// out[i] = sum_p weights[p] * value p [i]. An f16 cache (IEEE bit patterns)
+// is widened exactly with f16_to_f32 first.
+void attention_scores(const float* q, const float* keys, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float scale, float* scores);
+void attention_scores(const float* q, const std::uint16_t* keys, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float scale, float* scores);
+void attention_values(const float* weights, const float* values, std::size_t stride, std::int32_t n_positions,
+                      std::int32_t head_dim, float* out);
+void attention_values(const float* weights, const std::uint16_t* values, std::size_t stride,
+                      std::int32_t n_positions, std::int32_t head_dim, float* out);
 float silu(float x);
 float sigmoid(float x);
 

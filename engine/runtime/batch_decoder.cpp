@@ -66,8 +66,8 @@ BatchDecoder::BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capa
   block_out_.resize(cap * c.hidden);
   q_.resize(cap * q_dim);
   attn_out_.resize(cap * q_dim);
-  k_row_.resize(cap);
-  v_row_.resize(cap);
+  k_.resize(cap * c.n_kv_heads * c.head_dim);
+  v_.resize(k_.size());
   ffn_gate_.resize(cap * blocks_ * max_ff_);
   ffn_up_.resize(ffn_gate_.size());
   ffn_out_.resize(cap * blocks_ * c.hidden);
@@ -438,26 +438,19 @@ void BatchDecoder::attention(std::int32_t l) {
   const std::int32_t q_dim = c.n_heads * head_dim;
   const std::int32_t kv_dim = c.n_kv_heads * head_dim;
 
-  // q of every slot, and k and v straight into each slot's cache row. All
-  // slots' rows of this layer are written before any slot attends, so the
-  // tokens of one session's prompt chunk see each other.
+  // q, k and v of every slot. Every slot's K and V of this layer is cached
+  // (store_kv) before any slot attends, so the tokens of one session's prompt
+  // chunk see each other.
   begin_tasks();
   const float** x = take_x(n_);
   const Matrix* const matrices[3] = {&layer.q, &layer.k, &layer.v};
-  for (std::int32_t s = 0; s < n_; ++s) {
-    const Slot& slot = slots_[static_cast<std::size_t>(s)];
-    Session& session = *slot.session;
-    const std::size_t offset = (static_cast<std::size_t>(l) * session.max_context_ + slot.position) * kv_dim;
-    k_row_[static_cast<std::size_t>(s)] = session.key_cache_.data() + offset;
-    v_row_[static_cast<std::size_t>(s)] = session.value_cache_.data() + offset;
-    x[s] = row(xn_, s, hidden);
-  }
+  for (std::int32_t s = 0; s < n_; ++s) x[s] = row(xn_, s, hidden);
   for (std::int32_t m = 0; m < 3; ++m) {
     const kernels::ActivationQ8** xq = take_xq(n_);
     float** y = take_y(n_);
     for (std::int32_t s = 0; s < n_; ++s) {
       xq[s] = quantized_xn(s, *matrices[m], slots_[static_cast<std::size_t>(s)].session->modes_.attention);
-      y[s] = m == 0 ? row(q_, s, q_dim) : m == 1 ? k_row_[static_cast<std::size_t>(s)] : v_row_[static_cast<std::size_t>(s)];
+      y[s] = m == 0 ? row(q_, s, q_dim) : m == 1 ? row(k_, s, kv_dim) : row(v_, s, kv_dim);
     }
     tasks_[static_cast<std::size_t>(m)] = {matrices[m], n_, x, xq, y};
   }
@@ -465,8 +458,8 @@ void BatchDecoder::attention(std::int32_t l) {
 
   for (std::int32_t s = 0; s < n_; ++s) {
     float* q = row(q_, s, q_dim);
-    float* k = k_row_[static_cast<std::size_t>(s)];
-    float* v = v_row_[static_cast<std::size_t>(s)];
+    float* k = row(k_, s, kv_dim);
+    float* v = row(v_, s, kv_dim);
     const std::int32_t position = slots_[static_cast<std::size_t>(s)].position;
     if (layer.q_bias != nullptr) {
       for (std::int32_t i = 0; i < q_dim; ++i) q[i] += layer.q_bias[i];
@@ -492,6 +485,7 @@ void BatchDecoder::attention(std::int32_t l) {
     emit(s, "q", l, q, q_dim);
     emit(s, "k", l, k, kv_dim);
     emit(s, "v", l, v, kv_dim);
+    store_kv(l, s);
   }
 
   // (slot, head) pairs are independent; with a team each member scores into
@@ -528,6 +522,25 @@ void BatchDecoder::attention(std::int32_t l) {
   for (std::int32_t s = 0; s < n_; ++s) emit(s, "attn_out", l, row(block_out_, s, hidden), hidden);
 }
 
+void BatchDecoder::store_kv(std::int32_t l, std::int32_t s) {
+  const ModelConfig& c = model_->config();
+  const Slot& slot = slots_[static_cast<std::size_t>(s)];
+  Session& session = *slot.session;
+  const std::int32_t kv_dim = c.n_kv_heads * c.head_dim;
+  const std::size_t offset =
+      (static_cast<std::size_t>(l) * session.max_context_ + slot.position) * static_cast<std::size_t>(kv_dim);
+  const float* k = row(k_, s, kv_dim);
+  const float* v = row(v_, s, kv_dim);
+  if (session.kv_type_ == KvCacheType::F16) {
+    // Rounded once here; every later read of this position widens the same bits.
+    kernels::convert_f32_to_f16(k, kv_dim, session.key_cache_f16_.data() + offset);
+    kernels::convert_f32_to_f16(v, kv_dim, session.value_cache_f16_.data() + offset);
+  } else {
+    std::copy_n(k, kv_dim, session.key_cache_.data() + offset);
+    std::copy_n(v, kv_dim, session.value_cache_.data() + offset);
+  }
+}
+
 void BatchDecoder::attention_unit(std::int32_t l, std::int32_t unit, float* scores) {
   const ModelConfig& c = model_->config();
   const std::int32_t s = unit / c.n_heads;
@@ -540,12 +553,20 @@ void BatchDecoder::attention_unit(std::int32_t l, std::int32_t unit, float* scor
   const std::size_t kv_offset = static_cast<std::size_t>(h / (c.n_heads / c.n_kv_heads)) * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const std::int32_t n_positions = slot.position + 1;
-  kernels::attention_scores(row(q_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim,
-                            session.key_cache_.data() + layer_base + kv_offset, kv_dim, n_positions, head_dim,
-                            scale, scores);
-  kernels::softmax(scores, n_positions);
-  kernels::attention_values(scores, session.value_cache_.data() + layer_base + kv_offset, kv_dim, n_positions,
-                            head_dim, row(attn_out_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim);
+  const float* q = row(q_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim;
+  float* out = row(attn_out_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim;
+  const std::size_t base = layer_base + kv_offset;
+  if (session.kv_type_ == KvCacheType::F16) {
+    kernels::attention_scores_f16(q, session.key_cache_f16_.data() + base, kv_dim, n_positions, head_dim, scale,
+                                  scores);
+    kernels::softmax(scores, n_positions);
+    kernels::attention_values_f16(scores, session.value_cache_f16_.data() + base, kv_dim, n_positions, head_dim,
+                                  out);
+  } else {
+    kernels::attention_scores(q, session.key_cache_.data() + base, kv_dim, n_positions, head_dim, scale, scores);
+    kernels::softmax(scores, n_positions);
+    kernels::attention_values(scores, session.value_cache_.data() + base, kv_dim, n_positions, head_dim, out);
+  }
 }
 
 void BatchDecoder::moe_ffn(std::int32_t l) {

@@ -102,6 +102,9 @@ class BatchDecoder {
   // Marks every slot of slot s's session failed with `error`.
   void fail_session(std::int32_t s, const Status& error);
   void attention(std::int32_t layer);
+  // Writes slot s's finished K and V rows (k_, v_) into its session's cache
+  // at its position, in the cache's element type.
+  void store_kv(std::int32_t layer, std::int32_t s);
   void attention_unit(std::int32_t layer, std::int32_t unit, float* scores);
   void moe_ffn(std::int32_t layer);
   void dense_ffn(std::int32_t layer);
@@ -150,7 +153,7 @@ class BatchDecoder {
   // Per-slot activations, [capacity][width] each.
   std::vector<float> x_, xn_, block_out_;  // hidden
   std::vector<float> q_, attn_out_;        // n_heads * head_dim
-  std::vector<float*> k_row_, v_row_;      // this layer's cache rows of each slot
+  std::vector<float> k_, v_;               // n_kv_heads * head_dim: this layer's K, V before they are cached
   std::vector<float> ffn_gate_, ffn_up_;   // [capacity][blocks][max_ff]
   std::vector<float> ffn_out_;             // [capacity][blocks][hidden]
   std::vector<float> router_logits_;       // [capacity][n_experts]

@@ -7,14 +7,21 @@
 namespace colibri {
 
 Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context, ThreadTeam* team,
-                 std::int32_t prefill_batch, ExpertStore* store)
+                 std::int32_t prefill_batch, ExpertStore* store, KvCacheType kv_cache)
     : model_(std::move(model)) {
   const ModelConfig& c = model_->config();
   max_context_ = max_context > 0 ? std::min(max_context, c.max_positions)
                                  : std::min(c.max_positions, kDefaultMaxContext);
   const std::size_t kv_dim = static_cast<std::size_t>(c.n_kv_heads) * c.head_dim;
-  key_cache_.resize(static_cast<std::size_t>(c.n_layers) * max_context_ * kv_dim);
-  value_cache_.resize(key_cache_.size());
+  const std::size_t kv_elements = static_cast<std::size_t>(c.n_layers) * max_context_ * kv_dim;
+  kv_type_ = resolve_kv_cache_type(kv_cache, *model_);
+  if (kv_type_ == KvCacheType::F16) {
+    key_cache_f16_.resize(kv_elements);
+    value_cache_f16_.resize(kv_elements);
+  } else {
+    key_cache_.resize(kv_elements);
+    value_cache_.resize(kv_elements);
+  }
   logits_.resize(static_cast<std::size_t>(c.vocab));
   // A prompt never needs more tokens per pass than the context holds.
   const std::int32_t capacity = std::clamp(prefill_batch, 1, max_context_);

@@ -13,6 +13,7 @@
 #include "core/result.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "runtime/kv_cache.h"
 
 namespace colibri {
 
@@ -88,8 +89,12 @@ class Session {
   // store: the expert store routed experts are read through (bounded
   // memory; batch_decoder.h); null uses them in place. It must outlive the
   // session, and sessions sharing it must be stepped on one thread at a time.
+  // kv_cache: the KV cache's element type; Auto is resolve_kv_cache_type's
+  // rule (f16 for int8/int4 weights, f32 otherwise). Logits for a given type
+  // are bit-identical however the session is batched or split across a team.
   Session(std::shared_ptr<const Model> model, std::int32_t max_context = 0, ThreadTeam* team = nullptr,
-          std::int32_t prefill_batch = kDefaultPrefillBatch, ExpertStore* store = nullptr);
+          std::int32_t prefill_batch = kDefaultPrefillBatch, ExpertStore* store = nullptr,
+          KvCacheType kv_cache = KvCacheType::Auto);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -111,6 +116,9 @@ class Session {
 
   std::int32_t position() const { return position_; }
   std::int32_t max_context() const { return max_context_; }
+  // The resolved element type (never Auto) and the bytes of keys and values held.
+  KvCacheType kv_cache_type() const { return kv_type_; }
+  std::uint64_t kv_cache_bytes() const { return colibri::kv_cache_bytes(model_->config(), max_context_, kv_type_); }
   void reset() { position_ = 0; }
   // Takes effect from the next decode.
   void set_activation_modes(const ActivationModes& modes) { modes_ = modes; }
@@ -145,9 +153,13 @@ class Session {
   std::shared_ptr<ModeRouter> router_;
   RoutingObserver routing_observer_;
 
-  // KV cache: [layer][position][n_kv_heads * head_dim]
+  // KV cache: [layer][position][n_kv_heads * head_dim] in kv_type_; only
+  // that type's pair of vectors is allocated.
+  KvCacheType kv_type_ = KvCacheType::F32;
   std::vector<float> key_cache_;
   std::vector<float> value_cache_;
+  std::vector<std::uint16_t> key_cache_f16_;  // IEEE f16 bit patterns
+  std::vector<std::uint16_t> value_cache_f16_;
   std::vector<float> logits_;  // [vocab]
   // This session's own forward pass, for decode() and prefill().
   std::unique_ptr<BatchDecoder> decoder_;

@@ -4,7 +4,9 @@
 # program tests/unit/kernel_checks_main.cpp with aarch64-linux-gnu-g++ -static
 # and runs it under qemu-aarch64 -cpu max (which has dotprod). The program
 # checks matvec against the scalar reference and the exact integer product,
-# and matmat against matvec bit for bit, on every path the emulated CPU has.
+# matmat against matvec bit for bit, attention over f32 and f16 KV caches
+# against the scalar reference, and the f32 -> f16 conversion bit for bit, on
+# every path the emulated CPU has.
 # Skips (exit 0) only when the cross compiler or qemu is missing;
 # scripts/install-deps.sh installs both.
 #   usage: neon_qemu.sh <build_dir> [data_dir]

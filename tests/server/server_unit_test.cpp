@@ -1,8 +1,12 @@
 // Unit tests of the server's core library: the option table and its sources,
-// UTF-8 handling, metrics text, API-key comparison, chat templates and the
-// service's request checks (no sockets).
+// the KV cache accounting of a loaded generation, UTF-8 handling, metrics
+// text, API-key comparison, chat templates and the service's request checks
+// (no sockets).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -10,6 +14,7 @@
 #include "chat_template.h"
 #include "config.h"
 #include "metrics.h"
+#include "model_generation.h"
 #include "model/model.h"
 #include "prometheus_check.h"
 #include "scheduler.h"
@@ -102,6 +107,37 @@ TEST(ServerConfig, ExampleFileLoadsWithAModel) {
   ConfigSources sources;
   ASSERT_TRUE(apply_config_json(config, sources, example_config_json(), "example").ok());
   EXPECT_EQ(config.max_sessions, Config{}.max_sessions);
+}
+
+// kv_cache picks the sessions' KV cache element type (auto: f16 for int8
+// files, f32 for f32 ones) and the memory check at load counts its size.
+TEST(ServerConfig, KvCacheTypeAndItsMemoryFollowTheKey) {
+  const auto int8_file = std::filesystem::temp_directory_path() /
+                         ("colibri_server_kv_" + std::to_string(::getpid()) + ".colibri");
+  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " + kFixture +
+                              " --output " + int8_file.string() + " --quant int8 --no-progress > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  struct Case {
+    std::string model, kv_cache, want;
+  };
+  const Case cases[] = {{int8_file.string(), "auto", "f16"}, {int8_file.string(), "f32", "f32"},
+                        {kFixture, "auto", "f32"},           {kFixture, "f16", "f16"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.model + " kv_cache " + c.kv_cache);
+    Config config;
+    config.model = c.model;
+    config.kv_cache = c.kv_cache;
+    config.max_sessions = 3;
+    config.context_length = 64;
+    Metrics metrics;
+    auto generation = load_generation(config, false, metrics);
+    ASSERT_TRUE(generation.ok()) << generation.error().message;
+    EXPECT_EQ((*generation)->kv_cache, c.want);
+    const ModelConfig& m = (*generation)->model->config();
+    const std::uint64_t element = c.want == "f16" ? 2 : 4;
+    EXPECT_EQ((*generation)->kv_cache_bytes, 3ull * 2 * m.n_layers * 64 * m.n_kv_heads * m.head_dim * element);
+  }
+  std::filesystem::remove(int8_file);
 }
 
 TEST(ServerConfig, PrecedenceIsDefaultFileEnvFlag) {

@@ -1,16 +1,19 @@
 // The batched forward pass: a token's logits are bit-identical whether it is
 // decoded alone, prefilled with the rest of its prompt, or batched with other
 // sessions' tokens (different prompts, positions and activation modes), with
-// and without a thread team, for f32 and int8 models; per-item failures stay
-// with their item.
+// and without a thread team, for f32 and int8 models and f32 and f16 KV
+// caches; per-item failures stay with their item.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "format/checkpoint.h"
 #include "format/colibri_writer.h"
 #include "model/model.h"
@@ -64,8 +67,8 @@ class BatchDecoderTest : public ::testing::Test {
 
   // (a) The reference: every token decoded on its own.
   static Logits sequential(const std::shared_ptr<const Model>& model, const std::vector<std::int32_t>& tokens,
-                           const ActivationModes& modes) {
-    Session session(model);
+                           const ActivationModes& modes, KvCacheType kv_cache = KvCacheType::Auto) {
+    Session session(model, 0, nullptr, Session::kDefaultPrefillBatch, nullptr, kv_cache);
     session.set_activation_modes(modes);
     Logits out;
     for (std::int32_t token : tokens) {
@@ -78,7 +81,13 @@ class BatchDecoderTest : public ::testing::Test {
   }
 };
 
-TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
+// Per KV cache element type: what is bit-identical is the forward pass for
+// a given type (an f16 cache rounds K and V once, when written, whichever
+// step or thread writes them).
+class BatchDecoderKv : public BatchDecoderTest, public ::testing::WithParamInterface<KvCacheType> {};
+
+TEST_P(BatchDecoderKv, LogitsDoNotDependOnBatchingPrefillOrTeam) {
+  const KvCacheType kv = GetParam();
   ThreadTeam two(2);
   for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"}) {
     const auto prompts = prompts_of(fixture);
@@ -94,7 +103,7 @@ TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
       const ActivationModes modes[3] = {ActivationModes{}, ActivationModes{},
                                         quantized ? all(ActivationMode::Int8) : ActivationModes{}};
       Logits expected[3];
-      for (int p = 0; p < 3; ++p) expected[p] = sequential(model, prompts[static_cast<std::size_t>(p)], modes[p]);
+      for (int p = 0; p < 3; ++p) expected[p] = sequential(model, prompts[static_cast<std::size_t>(p)], modes[p], kv);
 
       for (ThreadTeam* team : {static_cast<ThreadTeam*>(nullptr), &two}) {
         SCOPED_TRACE(team == nullptr ? "no team" : "team of 2");
@@ -103,7 +112,8 @@ TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
           // (b) Session::prefill, in chunks of 5 and of the default size: the
           // logits after the last token.
           for (std::int32_t chunk : {5, Session::kDefaultPrefillBatch}) {
-            Session session(model, 0, team, chunk);
+            Session session(model, 0, team, chunk, nullptr, kv);
+            ASSERT_EQ(session.kv_cache_type(), kv);
             session.set_activation_modes(modes[p]);
             auto logits = session.prefill(prompt);
             ASSERT_TRUE(logits.ok()) << logits.error().message;
@@ -116,7 +126,7 @@ TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
               auto t = prompt;
               t.push_back(prompt.front());
               return t;
-            }(), modes[p]);
+            }(), modes[p], kv);
             EXPECT_EQ(std::vector<float>(next->begin(), next->end()), extended.back());
           }
         }
@@ -127,7 +137,7 @@ TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
         BatchDecoder decoder(model, 6, team);
         std::vector<std::unique_ptr<Session>> sessions;
         for (int p = 0; p < 3; ++p) {
-          sessions.push_back(std::make_unique<Session>(model, 0, nullptr, 1));
+          sessions.push_back(std::make_unique<Session>(model, 0, nullptr, 1, nullptr, kv));
           sessions.back()->set_activation_modes(modes[p]);
         }
         Logits got[3];
@@ -163,6 +173,67 @@ TEST_F(BatchDecoderTest, LogitsDoNotDependOnBatchingPrefillOrTeam) {
       }
     }
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(KvCache, BatchDecoderKv, ::testing::Values(KvCacheType::F32, KvCacheType::F16),
+                         [](const auto& param_info) { return std::string(kv_cache_type_name(param_info.param)); });
+
+// Auto resolves to f16 for quantized weights and f32 otherwise; an explicit
+// type wins. An f16 cache holds half the bytes, its logits differ from the
+// f32 cache's by the rounding of K and V only (small), and the tensor hook
+// still sees K and V before they are rounded.
+TEST_F(BatchDecoderTest, KvCacheTypeFollowsTheWeightsUnlessChosen) {
+  for (const char* scheme : {"f32", "int8", "int4"}) {
+    SCOPED_TRACE(scheme);
+    auto model = load("qwen2moe-tiny", scheme);
+    ASSERT_NE(model, nullptr);
+    const KvCacheType want = std::string(scheme) == "f32" ? KvCacheType::F32 : KvCacheType::F16;
+    EXPECT_EQ(resolve_kv_cache_type(KvCacheType::Auto, *model), want);
+    Session automatic(model, 64);
+    EXPECT_EQ(automatic.kv_cache_type(), want);
+    Session f32(model, 64, nullptr, 1, nullptr, KvCacheType::F32), f16(model, 64, nullptr, 1, nullptr, KvCacheType::F16);
+    EXPECT_EQ(f32.kv_cache_type(), KvCacheType::F32);
+    EXPECT_EQ(f16.kv_cache_type(), KvCacheType::F16);
+    const ModelConfig& c = model->config();
+    const std::uint64_t f32_bytes = 2ull * c.n_layers * 64 * c.n_kv_heads * c.head_dim * sizeof(float);
+    EXPECT_EQ(f32.kv_cache_bytes(), f32_bytes);
+    EXPECT_EQ(f16.kv_cache_bytes(), f32_bytes / 2);
+  }
+
+  auto model = load("qwen2moe-tiny", "f32");
+  ASSERT_NE(model, nullptr);
+  const auto prompt = prompts_of("qwen2moe-tiny").front();
+  std::vector<std::vector<float>> k_seen[2];
+  Logits logits[2];
+  for (int t = 0; t < 2; ++t) {
+    Session session(model, 0, nullptr, 1, nullptr, t == 0 ? KvCacheType::F32 : KvCacheType::F16);
+    session.set_tensor_hook([&](std::string_view name, std::int32_t layer, std::int32_t, std::span<const float> v) {
+      if (name == "k" && layer == 0) k_seen[t].emplace_back(v.begin(), v.end());
+    });
+    for (std::int32_t token : prompt) {
+      auto out = session.decode(token);
+      ASSERT_TRUE(out.ok()) << out.error().message;
+      logits[t].emplace_back(out->begin(), out->end());
+    }
+  }
+  // Layer 0's K depends on the embeddings only, so the hook sees the same
+  // values with either cache: K before it is rounded.
+  EXPECT_EQ(k_seen[0], k_seen[1]);
+  bool rounded_away = false;
+  for (const auto& k : k_seen[1])
+    for (float x : k) rounded_away = rounded_away || f16_to_f32(f32_to_f16(x)) != x;
+  EXPECT_TRUE(rounded_away) << "every K value is an f16 value: the check above shows nothing";
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  float max_diff = 0.0f;
+  bool any_diff = false;
+  for (std::size_t p = 0; p < logits[0].size(); ++p)
+    for (std::size_t i = 0; i < logits[0][p].size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(logits[0][p][i] - logits[1][p][i]));
+      any_diff = any_diff || logits[0][p][i] != logits[1][p][i];
+    }
+  EXPECT_TRUE(any_diff) << "the f16 cache changed nothing: is it used?";
+  std::printf("[kv] qwen2moe-tiny f32 weights: f16 cache moves a logit by at most %.3g\n", static_cast<double>(max_diff));
+  EXPECT_LT(max_diff, 0.02f);
 }
 
 // Prefill activation modes (Session::set_prefill_activation_modes) apply to

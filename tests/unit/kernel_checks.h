@@ -1,4 +1,4 @@
-// Checks of the matrix kernels on the active instruction-set path, written
+// Checks of the matrix and attention kernels on the active instruction-set path, written
 // without GoogleTest so that the same code runs in tests/unit/kernels_test.cpp
 // and in the plain aarch64 program tests/unit/kernel_checks_main.cpp, which
 // tests/scripts/neon_qemu.sh cross-compiles and runs under qemu. Each check
@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/dispatch.h"
 #include "kernels/kernels.h"
 #include "kernels/quantize.h"
@@ -259,6 +261,131 @@ inline int check_matvec_matches_reference(int cases, std::uint32_t seed = 99) {
         }
       }
     }
+  return report.failures();
+}
+
+// The attention kernels over f32 and f16 caches against the scalar reference
+// (ref::attention_scores / attention_values, which widen f16 exactly), on
+// random head sizes ragged against every vector width, position counts
+// around the 4-position blocks, and odd row strides holding several heads.
+// Neither kernel may write past its output. `cases` shapes per cache type.
+inline int check_attention_matches_reference(int cases, std::uint32_t seed = 31) {
+  Report report("attention ~ reference");
+  std::mt19937 rng(seed);
+  static constexpr std::int32_t kHeadDims[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 48,
+                                               63, 64, 65, 80, 96, 100, 127, 128, 130, 256};
+  static constexpr std::int32_t kPositions[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 64, 200, 513};
+  auto pick = [&rng](const auto& list) { return list[std::uniform_int_distribution<std::size_t>(0, std::size(list) - 1)(rng)]; };
+  constexpr float kUntouched = -3.5f;
+  for (bool f16 : {false, true}) {
+    for (int i = 0; i < cases; ++i) {
+      const std::int32_t head_dim = pick(kHeadDims), positions = pick(kPositions);
+      const std::int32_t heads = std::uniform_int_distribution<std::int32_t>(1, 4)(rng);
+      const std::size_t stride = static_cast<std::size_t>(head_dim) * heads + std::uniform_int_distribution<std::size_t>(0, 9)(rng);
+      const std::size_t head = static_cast<std::size_t>(std::uniform_int_distribution<std::int32_t>(0, heads - 1)(rng)) * head_dim;
+      // Keys and values of a trained model's size (RoPE'd, often normed),
+      // with the outliers random_vector adds.
+      const std::int32_t cache_size = static_cast<std::int32_t>(stride * static_cast<std::size_t>(positions));
+      std::vector<float> keys = random_vector(cache_size, rng, 2.0f), values = random_vector(cache_size, rng);
+      std::vector<std::uint16_t> keys16(keys.size()), values16(values.size());
+      for (std::size_t e = 0; e < keys.size(); ++e) {
+        keys16[e] = f32_to_f16(keys[e]);
+        values16[e] = f32_to_f16(values[e]);
+        // The f32 cache then holds exactly the values the f16 one encodes,
+        // so the magnitudes below serve both.
+        keys[e] = f16_to_f32(keys16[e]);
+        values[e] = f16_to_f32(values16[e]);
+      }
+      const std::vector<float> q = random_vector(head_dim, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      auto context = [&] {
+        return std::string(f16 ? "f16" : "f32") + " head_dim " + std::to_string(head_dim) + " positions " +
+               std::to_string(positions) + " stride " + std::to_string(stride);
+      };
+
+      std::vector<float> scores(static_cast<std::size_t>(positions) + 1, kUntouched), want(scores.size());
+      if (f16) {
+        attention_scores_f16(q.data(), keys16.data() + head, stride, positions, head_dim, scale, scores.data());
+        ref::attention_scores(q.data(), keys16.data() + head, stride, positions, head_dim, scale, want.data());
+      } else {
+        attention_scores(q.data(), keys.data() + head, stride, positions, head_dim, scale, scores.data());
+        ref::attention_scores(q.data(), keys.data() + head, stride, positions, head_dim, scale, want.data());
+      }
+      if (scores[static_cast<std::size_t>(positions)] != kUntouched) report.fail("%s: scores written past n_positions", context().c_str());
+      for (std::int32_t p = 0; p < positions; ++p) {
+        const float* k = keys.data() + static_cast<std::size_t>(p) * stride + head;
+        double magnitude = 0.0;
+        for (std::int32_t d = 0; d < head_dim; ++d) magnitude += std::fabs(static_cast<double>(q[d]) * k[d]);
+        // Both sides sum head_dim products in f32, in different orders.
+        const double tolerance = (head_dim + 16) * kUlp * magnitude * scale + 1e-30;
+        if (!(std::fabs(static_cast<double>(scores[p]) - want[p]) <= tolerance))
+          report.fail("%s: score %d = %.9g, reference %.9g", context().c_str(), p, static_cast<double>(scores[p]),
+                      static_cast<double>(want[p]));
+      }
+
+      ref::softmax(want.data(), positions);  // the weights, as the forward pass makes them
+      // One guard element on each side of the output.
+      std::vector<float> out(static_cast<std::size_t>(head_dim) + 2, kUntouched), want_out(static_cast<std::size_t>(head_dim));
+      if (f16) {
+        attention_values_f16(want.data(), values16.data() + head, stride, positions, head_dim, out.data() + 1);
+        ref::attention_values(want.data(), values16.data() + head, stride, positions, head_dim, want_out.data());
+      } else {
+        attention_values(want.data(), values.data() + head, stride, positions, head_dim, out.data() + 1);
+        ref::attention_values(want.data(), values.data() + head, stride, positions, head_dim, want_out.data());
+      }
+      if (out.front() != kUntouched || out.back() != kUntouched) report.fail("%s: values written outside head_dim", context().c_str());
+      for (std::int32_t d = 0; d < head_dim; ++d) {
+        double magnitude = 0.0;
+        for (std::int32_t p = 0; p < positions; ++p)
+          magnitude += std::fabs(static_cast<double>(want[p]) * values[static_cast<std::size_t>(p) * stride + head + d]);
+        const double tolerance = (positions + 16) * kUlp * magnitude + 1e-30;
+        const double got = out[static_cast<std::size_t>(d) + 1];
+        if (!(std::fabs(got - want_out[d]) <= tolerance))
+          report.fail("%s: out[%d] = %.9g, reference %.9g", context().c_str(), d, got, static_cast<double>(want_out[d]));
+      }
+    }
+  }
+  return report.failures();
+}
+
+// convert_f32_to_f16 gives f32_to_f16's bits (its definition: round to
+// nearest even, overflow to infinity, subnormals kept) for every length (ragged
+// tails), and writes nothing past n. Values: the rounding edge cases, normals
+// of every scale an f16 holds and beyond, random bit patterns; NaN stays NaN.
+inline int check_f16_conversion(std::uint32_t seed = 5) {
+  Report report("convert_f32_to_f16 == f32_to_f16");
+  std::mt19937 rng(seed);
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e10f, -1e10f,
+                          INFINITY, -INFINITY,
+                          std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(3.0f, -25), std::ldexp(5.0f, -25),
+                          std::ldexp(1.0f, -26), std::ldexp(1.0f, -14), std::ldexp(1023.0f, -24), std::ldexp(2047.0f, -25),
+                          1.0f + std::ldexp(1.0f, -11), 1.0f + std::ldexp(3.0f, -11), 1.0f + std::ldexp(1.0f, -12),
+                          2049.0f, 2051.0f, 1e-30f, std::numeric_limits<float>::denorm_min()};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 17);
+  for (int i = 0; i < 2000; ++i) x.push_back(std::ldexp(normal(rng), exponent(rng)));
+  std::uniform_int_distribution<std::uint32_t> bits;
+  while (x.size() < 3000) {
+    const std::uint32_t b = bits(rng);
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    if (!std::isnan(f)) x.push_back(f);
+  }
+  for (int i = 0; i < 5; ++i) x.push_back(std::numeric_limits<float>::quiet_NaN());
+  constexpr std::uint16_t kGuard = 0xabcd;
+  std::vector<std::uint16_t> got(x.size() + 1);
+  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{15},
+                        std::size_t{16}, std::size_t{17}, std::size_t{31}, std::size_t{33}, x.size()}) {
+    std::fill(got.begin(), got.end(), kGuard);
+    convert_f32_to_f16(x.data(), static_cast<std::int32_t>(n), got.data());
+    if (got[n] != kGuard) report.fail("n %zu: wrote past n", n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t want = f32_to_f16(x[i]);
+      const bool nan = std::isnan(x[i]);
+      const bool ok = nan ? (got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x3ffu) != 0 : got[i] == want;
+      if (!ok) report.fail("n %zu: %.9g -> 0x%04x, f32_to_f16 0x%04x", n, static_cast<double>(x[i]), got[i], want);
+    }
+  }
   return report.failures();
 }
 

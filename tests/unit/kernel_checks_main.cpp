@@ -23,10 +23,14 @@ int main(int argc, char** argv) {
     }
     const int matvec = checks::check_matvec_matches_reference(cases);
     const int matmat = checks::check_matmat_matches_matvec(cases);
-    std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s\n", std::string(isa_name(isa)).c_str(),
-                matvec == 0 ? "ok" : (std::to_string(matvec) + " failures").c_str(),
-                matmat == 0 ? "ok" : (std::to_string(matmat) + " failures").c_str());
-    failures += matvec + matmat;
+    const int attention = checks::check_attention_matches_reference(cases * 4);
+    const int f16 = checks::check_f16_conversion();
+    auto verdict = [](int n) { return n == 0 ? std::string("ok") : std::to_string(n) + " failures"; };
+    std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s, attention (f32, f16 cache) ~ reference: %s, "
+                "f32 -> f16: %s\n",
+                std::string(isa_name(isa)).c_str(), verdict(matvec).c_str(), verdict(matmat).c_str(),
+                verdict(attention).c_str(), verdict(f16).c_str());
+    failures += matvec + matmat + attention + f16;
   }
   return failures == 0 ? 0 : 1;
 }

@@ -157,6 +157,13 @@ TEST_P(KernelPaths, MatmatGivesMatvecsBitsForEveryVector) { EXPECT_EQ(checks::ch
 
 TEST_P(KernelPaths, MatvecOnRandomShapesMatchesReference) { EXPECT_EQ(checks::check_matvec_matches_reference(40), 0); }
 
+// f32 and f16 KV caches, random head sizes, positions and strides (kernel_checks.h).
+TEST_P(KernelPaths, AttentionOnRandomShapesMatchesReference) {
+  EXPECT_EQ(checks::check_attention_matches_reference(200), 0);
+}
+
+TEST_P(KernelPaths, F16ConversionGivesTheScalarDefinitionsBits) { EXPECT_EQ(checks::check_f16_conversion(), 0); }
+
 TEST_P(KernelPaths, ActivationQuantizationIsIdenticalToTheScalarPath) {
   std::mt19937 rng(5);
   for (std::int32_t n : {1, 5, 64, 100, 128, 129, 256, 383, 2048}) {
@@ -268,6 +275,44 @@ TEST_P(KernelPaths, AttentionKernelsMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Isas, KernelPaths, ::testing::ValuesIn(supported_isas()),
                          [](const auto& param_info) { return std::string(isa_name(param_info.param)); });
+
+// f32_to_f16 (core/dtype.h), the definition every path's conversion is
+// checked against: the nearest f16, ties to an even mantissa, overflow from
+// 65520 (half-way to the next power of two) to infinity.
+TEST(F16Conversion, RoundsToTheNearestHalfTiesToEven) {
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    if ((h & 0x7c00u) == 0x7c00u) continue;  // inf / NaN
+    ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<std::uint16_t>(h))), h) << std::hex << h;
+  }
+  // The magnitude encoded by a positive pattern; 0x7c00 stands for 2^16,
+  // where rounding to infinity starts.
+  auto magnitude = [](std::uint32_t h) { return h == 0x7c00u ? 65536.0 : static_cast<double>(f16_to_f32(static_cast<std::uint16_t>(h))); };
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-27, 17);
+  for (int i = 0; i < 200000; ++i) {
+    // Half of them exactly half-way between two halves (or close to it).
+    float x = std::ldexp(normal(rng), exponent(rng));
+    if (i % 2 == 1) {
+      const std::uint16_t h = f32_to_f16(x);
+      if ((h & 0x7fffu) >= 0x7bffu) continue;
+      x = static_cast<float>((static_cast<double>(f16_to_f32(h)) + f16_to_f32(static_cast<std::uint16_t>(h + 1))) / 2);
+    }
+    const std::uint16_t h = f32_to_f16(x);
+    ASSERT_EQ(h >> 15, std::signbit(x) ? 1u : 0u) << x;
+    const std::uint32_t m = h & 0x7fffu;
+    const double ax = std::fabs(static_cast<double>(x));
+    const double mine = std::fabs(ax - magnitude(m));
+    for (std::uint32_t other : {m - 1, m + 1}) {
+      if (other > 0x7c00u) continue;  // below zero (wrapped) or past infinity
+      const double theirs = std::fabs(ax - magnitude(other));
+      ASSERT_LE(mine, theirs) << x << " -> 0x" << std::hex << h;
+      if (mine == theirs) {
+        ASSERT_EQ(m & 1u, 0u) << "tie not to even: " << x;
+      }
+    }
+  }
+}
 
 TEST(KernelDispatch, PathsAreNamedAndUnsupportedOnesAreRefused) {
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon}) EXPECT_EQ(isa_from_name(isa_name(isa)), isa);

@@ -1,7 +1,8 @@
 // ThreadTeam: coverage of parallel_for ranges, reuse across many jobs,
 // pinning failures reported rather than fatal; and the property Session relies
 // on: a team of any size gives bit-identical logits to no team, for f32, int8
-// and int4 models (row splits never change a row's arithmetic).
+// and int4 models with f32 and f16 KV caches (row splits never change a row's
+// arithmetic, and (item, head) splits never change a head's).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -183,8 +184,9 @@ class TeamSessions : public ::testing::Test {
 
   // Logits at every position of the fixture's first prompt plus 8 greedy steps.
   static std::vector<std::vector<float>> run(const std::shared_ptr<const Model>& model, ThreadTeam* team,
-                                             const std::vector<std::int32_t>& prompt, ActivationMode mode) {
-    Session session(model, 0, team);
+                                             const std::vector<std::int32_t>& prompt, ActivationMode mode,
+                                             KvCacheType kv_cache) {
+    Session session(model, 0, team, Session::kDefaultPrefillBatch, nullptr, kv_cache);
     session.set_activation_modes({mode, mode, mode, mode, mode, mode});
     std::vector<std::vector<float>> all;
     std::int32_t next = 0;
@@ -198,7 +200,11 @@ class TeamSessions : public ::testing::Test {
   }
 };
 
-TEST_F(TeamSessions, TeamsOfAnySizeGiveBitIdenticalLogits) {
+// For each KV cache element type.
+class TeamSessionsKv : public TeamSessions, public ::testing::WithParamInterface<KvCacheType> {};
+
+TEST_P(TeamSessionsKv, TeamsOfAnySizeGiveBitIdenticalLogits) {
+  const KvCacheType kv = GetParam();
   ThreadTeam one(1), two(2), three(3);
   for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"}) {
     std::ifstream in(fixture_dir(fixture) / "reference.json");
@@ -210,14 +216,17 @@ TEST_F(TeamSessions, TeamsOfAnySizeGiveBitIdenticalLogits) {
       for (ActivationMode mode : {ActivationMode::F32, ActivationMode::Int8, ActivationMode::Int8Residual}) {
         if (std::string(scheme) == "f32" && mode != ActivationMode::F32) continue;  // no quantized weights
         SCOPED_TRACE(testing::Message() << "activation mode " << static_cast<int>(mode));
-        const auto alone = run(*model, nullptr, prompt, mode);
-        EXPECT_EQ(run(*model, &one, prompt, mode), alone);
-        EXPECT_EQ(run(*model, &two, prompt, mode), alone);
-        EXPECT_EQ(run(*model, &three, prompt, mode), alone);
+        const auto alone = run(*model, nullptr, prompt, mode, kv);
+        EXPECT_EQ(run(*model, &one, prompt, mode, kv), alone);
+        EXPECT_EQ(run(*model, &two, prompt, mode, kv), alone);
+        EXPECT_EQ(run(*model, &three, prompt, mode, kv), alone);
       }
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(KvCache, TeamSessionsKv, ::testing::Values(KvCacheType::F32, KvCacheType::F16),
+                         [](const auto& param_info) { return std::string(kv_cache_type_name(param_info.param)); });
 
 }  // namespace
 }  // namespace colibri

@@ -48,9 +48,4 @@ WeightTraffic decode_step_traffic(const Model& model) {
   return t;
 }
 
-std::uint64_t kv_cache_bytes(const ModelConfig& config, std::int32_t context) {
-  return 2ull * static_cast<std::uint64_t>(config.n_layers) * static_cast<std::uint64_t>(context) *
-         static_cast<std::uint64_t>(config.n_kv_heads) * static_cast<std::uint64_t>(config.head_dim) * sizeof(float);
-}
-
 }  // namespace colibri::benchtool

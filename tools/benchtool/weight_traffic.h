@@ -22,7 +22,4 @@ struct WeightTraffic {
 // previous token's (no reuse through the cache, the bandwidth-bound case).
 WeightTraffic decode_step_traffic(const Model& model);
 
-// Bytes of the KV cache a session of `context` positions holds (f32 keys and values).
-std::uint64_t kv_cache_bytes(const ModelConfig& config, std::int32_t context);
-
 }  // namespace colibri::benchtool
