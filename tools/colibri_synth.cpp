@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("shape", shape_name, "Model shape (see above)")->required();
   app.add_option("--layers", layers, "Keep only the first N layers (default: all)")->check(CLI::PositiveNumber);
   app.add_option("-q,--quant", quant,
-                 "int8 (the q8 scheme colibri-convert writes), int4, f16, bf16 or f32")
+                 "int8 (the q8 scheme colibri-convert writes), int4, int4-all, f16, bf16 or f32")
       ->capture_default_str();
   app.add_option("--seed", seed, "Seed of the weights; the same seed gives the same file")->capture_default_str();
   app.add_option("--std", weight_std, "Standard deviation of the matrix weights")

@@ -64,8 +64,14 @@ Result<QuantScheme> quant_scheme(std::string_view name) {
   } else if (name == "int4") {
     all(WeightFormat::Q8);
     s.experts = WeightFormat::Q4;
+  } else if (name == "int4-all") {
+    // Every matrix a decode step streams in 4 bits: after the experts, the
+    // attention products and lm_head are 40 % of an int4 OLMoE token's bytes.
+    // Embeddings (one row per token) stay int8, routers f32.
+    all(WeightFormat::Q4);
+    s.embedding = WeightFormat::Q8;
   } else {
-    return make_error("unknown quantization '{}' (choose int8, int4, f16, bf16 or f32)", name);
+    return make_error("unknown quantization '{}' (choose int8, int4, int4-all, f16, bf16 or f32)", name);
   }
   return s;
 }

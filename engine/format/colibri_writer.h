@@ -33,7 +33,8 @@ struct QuantScheme {
   std::int32_t group_for(TensorRole role, std::int32_t cols) const;
 };
 
-// "int8", "int4", "f16", "bf16" or "f32".
+// "int8", "int4" (experts 4-bit, the rest int8), "int4-all" (every matrix but
+// the embeddings and routers 4-bit), "f16", "bf16" or "f32".
 Result<QuantScheme> quant_scheme(std::string_view name);
 
 struct ConvertInput {

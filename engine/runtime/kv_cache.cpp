@@ -21,7 +21,7 @@ KvCacheType resolve_kv_cache_type(KvCacheType requested, const Model& model) {
   if (requested != KvCacheType::Auto) return requested;
   // The .colibri quantization schemes with integer weights (format/colibri_writer.cpp).
   const std::string& scheme = model.weight_scheme();
-  return scheme == "int8" || scheme == "int4" ? KvCacheType::F16 : KvCacheType::F32;
+  return scheme == "int8" || scheme == "int4" || scheme == "int4-all" ? KvCacheType::F16 : KvCacheType::F32;
 }
 
 std::size_t kv_cache_element_bytes(KvCacheType type) { return type == KvCacheType::F16 ? 2 : 4; }

@@ -183,6 +183,12 @@ TEST_F(QuantizedFidelity, PrefillInt8FfnPresetStaysWithinTheInt8Bounds) {
   EXPECT_LE(f.mean_kl(), 3e-3);
 }
 
+TEST_F(QuantizedFidelity, Int4AllIsMeasured) {
+  auto f = measure_scheme(*quant_scheme("int4-all"));
+  EXPECT_GE(f.top1(), 0.70);
+  EXPECT_LE(f.mean_kl(), 0.15);
+}
+
 TEST_F(QuantizedFidelity, Int4IsMeasured) {
   auto f = measure_scheme(*quant_scheme("int4"));
   // Four bits cost accuracy; these bounds only catch a broken kernel or format

@@ -183,7 +183,7 @@ INSTANTIATE_TEST_SUITE_P(KvCache, BatchDecoderKv, ::testing::Values(KvCacheType:
 // f32 cache's by the rounding of K and V only (small), and the tensor hook
 // still sees K and V before they are rounded.
 TEST_F(BatchDecoderTest, KvCacheTypeFollowsTheWeightsUnlessChosen) {
-  for (const char* scheme : {"f32", "int8", "int4"}) {
+  for (const char* scheme : {"f32", "int8", "int4", "int4-all"}) {
     SCOPED_TRACE(scheme);
     auto model = load("qwen2moe-tiny", scheme);
     ASSERT_NE(model, nullptr);

@@ -209,7 +209,7 @@ TEST_P(TeamSessionsKv, TeamsOfAnySizeGiveBitIdenticalLogits) {
   for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"}) {
     std::ifstream in(fixture_dir(fixture) / "reference.json");
     const auto prompt = nlohmann::json::parse(in)["prompts"][0]["tokens"].get<std::vector<std::int32_t>>();
-    for (const char* scheme : {"f32", "int8", "int4"}) {
+    for (const char* scheme : {"f32", "int8", "int4", "int4-all"}) {
       SCOPED_TRACE(testing::Message() << fixture << " " << scheme);
       auto model = Model::load(std::string(scheme) == "f32" ? fixture_dir(fixture) : convert(fixture, scheme));
       ASSERT_TRUE(model.ok()) << model.error().message;
