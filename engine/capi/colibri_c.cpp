@@ -334,14 +334,16 @@ COLIBRI_API colibri_load_options colibri_load_options_default(void) {
   return options;
 }
 
-COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_load_options* options,
-                                              colibri_model** out) {
-  constexpr const char* fn = "colibri_load_model";
+namespace {
+
+colibri_status load_model(const char* fn, const char* path, const colibri_load_options* options,
+                          colibri::WeightsMemory memory, colibri_model** out) {
   return guarded(fn, [&]() -> colibri_status {
     if (out == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "out is NULL");
     *out = nullptr;
     if (path == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "path is NULL");
     colibri::LoadOptions load;
+    load.memory = memory;
     if (options != nullptr) {
       if (auto s = check_struct_size(fn, "options", options); s != COLIBRI_OK) return s;
       if (!is_bool(options->verify_checksums))
@@ -363,6 +365,27 @@ COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_lo
     *out = handle.release();
     return COLIBRI_OK;
   });
+}
+
+}  // namespace
+
+COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_load_options* options,
+                                              colibri_model** out) {
+  return load_model("colibri_load_model", path, options, colibri::WeightsMemory::Map, out);
+}
+
+COLIBRI_API colibri_status colibri_load_model_with_memory(const char* path, const colibri_load_options* options,
+                                                          int32_t memory, colibri_model** out) {
+  constexpr const char* fn = "colibri_load_model_with_memory";
+  switch (memory) {
+    case COLIBRI_WEIGHTS_MAP: return load_model(fn, path, options, colibri::WeightsMemory::Map, out);
+    case COLIBRI_WEIGHTS_COPY: return load_model(fn, path, options, colibri::WeightsMemory::Copy, out);
+    case COLIBRI_WEIGHTS_AUTO: return load_model(fn, path, options, colibri::WeightsMemory::Auto, out);
+    default:
+      if (out != nullptr) *out = nullptr;
+      return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "memory must be COLIBRI_WEIGHTS_MAP, _COPY or _AUTO, got {}",
+                   memory);
+  }
 }
 
 COLIBRI_API void colibri_unload_model(colibri_model* model) { delete model; }

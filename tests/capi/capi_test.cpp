@@ -36,7 +36,8 @@
 // list against the header itself.
 #define COLIBRI_C_FUNCTIONS(X)                                                                          \
   X(colibri_last_error) X(colibri_status_name) X(colibri_version) X(colibri_abi_version)                \
-  X(colibri_load_options_default) X(colibri_load_model) X(colibri_unload_model) X(colibri_model_info)   \
+  X(colibri_load_options_default) X(colibri_load_model) X(colibri_load_model_with_memory)               \
+  X(colibri_unload_model) X(colibri_model_info)                                                         \
   X(colibri_tokenize) X(colibri_free_tokens) X(colibri_detokenize) X(colibri_free_text)                 \
   X(colibri_inference_params_default) X(colibri_finish_reason_name) X(colibri_inference)                \
   X(colibri_inference_tokens) X(colibri_free_result) X(colibri_router_config_default) X(colibri_init)   \
@@ -599,6 +600,50 @@ TEST_F(CApi, ColibriFileWithChecksums) {
       << last_error();
   EXPECT_EQ(std::vector<std::int32_t>(result->tokens, result->tokens + result->n_tokens), expected->tokens);
   lib::colibri_free_result(result);
+  lib::colibri_unload_model(model);
+  fs::remove(file);
+}
+
+// Weights copied into huge-page memory (or auto) generate exactly what the
+// mapped weights generate; an unknown memory kind is refused by name, and a
+// copied model cannot take an expert cache.
+TEST_F(CApi, WeightsMemoryKindsGenerateTheSameTokens) {
+  const fs::path file = fs::temp_directory_path() / ("colibri_capi_memory_" + std::to_string(getpid()) + ".colibri");
+  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " +
+                              fixture_dir("olmoe-tiny").string() + " --output " + file.string() +
+                              " --quant int8 --no-progress > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  colibri_inference_params params = lib::colibri_inference_params_default();
+  params.max_tokens = 16;
+  params.ignore_eos = 1;
+  auto generate = [&](std::int32_t memory) {
+    colibri_model* model = nullptr;
+    EXPECT_EQ(lib::colibri_load_model_with_memory(file.c_str(), nullptr, memory, &model), COLIBRI_OK) << last_error();
+    std::vector<std::int32_t> tokens;
+    colibri_result* result = nullptr;
+    if (model != nullptr &&
+        lib::colibri_inference(model, "The experts argue about routing.", &params, &result) == COLIBRI_OK)
+      tokens.assign(result->tokens, result->tokens + result->n_tokens);
+    lib::colibri_free_result(result);
+    lib::colibri_unload_model(model);
+    return tokens;
+  };
+  const std::vector<std::int32_t> mapped = generate(COLIBRI_WEIGHTS_MAP);
+  ASSERT_EQ(mapped.size(), 16u);
+  EXPECT_EQ(generate(COLIBRI_WEIGHTS_COPY), mapped);
+  EXPECT_EQ(generate(COLIBRI_WEIGHTS_AUTO), mapped);
+
+  colibri_model* model = reinterpret_cast<colibri_model*>(0x1);
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_load_model_with_memory(file.c_str(), nullptr, 7, &model),
+                "colibri_load_model_with_memory");
+  EXPECT_EQ(model, nullptr);
+  EXPECT_NE(last_error().find("got 7"), std::string::npos) << last_error();
+
+  ASSERT_EQ(lib::colibri_load_model_with_memory(file.c_str(), nullptr, COLIBRI_WEIGHTS_COPY, &model), COLIBRI_OK);
+  colibri_expert_cache_options cache = lib::colibri_expert_cache_options_default();
+  cache.budget_mb = 64;
+  EXPECT_NE(lib::colibri_model_enable_expert_cache(model, &cache), COLIBRI_OK);
+  EXPECT_NE(last_error().find("copied into memory"), std::string::npos) << last_error();
   lib::colibri_unload_model(model);
   fs::remove(file);
 }

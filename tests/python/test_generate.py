@@ -158,3 +158,17 @@ def test_tokenize_matches_reference(mixtral, fixture_path):
     assert mixtral.detokenize(special, skip_special=True) == ""
     assert len(mixtral.tokenize("<|im_start|>")) > 1
     assert mixtral.tokenize("").tolist() == []
+
+
+def test_weights_memory_kinds_generate_the_same_tokens(fixture_path, build_dir, tmp_path):
+    path = tmp_path / "olmoe-int8.colibri"
+    subprocess.run([str(build_dir / "tools" / "colibri-convert"), "--input", str(fixture_path("olmoe-tiny")),
+                    "--output", str(path), "--quant", "int8", "--no-progress"], check=True, timeout=120)
+    outputs = {}
+    for weights in ("map", "copy", "auto"):
+        with colibri.Model(path, weights=weights) as model:
+            outputs[weights] = model.generate("The experts argue.", max_tokens=12, ignore_eos=True).tokens.tolist()
+    assert len(outputs["map"]) == 12
+    assert outputs["copy"] == outputs["map"] == outputs["auto"]
+    with pytest.raises(ValueError, match="weights must be one of"):
+        colibri.Model(path, weights="mmap")

@@ -245,13 +245,25 @@ class Model:
     """A loaded model (a .colibri file, a GGUF file or a Hugging Face
     directory). Safe to use from several threads at once."""
 
-    def __init__(self, path: Union[str, "os.PathLike[str]"], *, verify_checksums: bool = False):
+    # colibri_weights_memory in colibri.h
+    _WEIGHTS = {"map": 0, "copy": 1, "auto": 2}
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"], *, verify_checksums: bool = False,
+                 weights: str = "map"):
+        """weights: how a .colibri file's weights are held. "map" (default):
+        the page cache's pages, instant and shared, and what an expert cache
+        needs; "copy": read into huge-page memory at load, decode about 1.5x
+        faster; "auto": copy when it fits in available memory with a tenth to
+        spare."""
         lib = _ffi.lib()
         self._handle = None
+        if weights not in self._WEIGHTS:
+            raise ValueError(f"weights must be one of {sorted(self._WEIGHTS)}, got {weights!r}")
         options = lib.colibri_load_options_default()
         options.verify_checksums = 1 if verify_checksums else 0
         handle = ctypes.c_void_p()
-        _check(lib.colibri_load_model(str(path).encode(), ctypes.byref(options), ctypes.byref(handle)))
+        _check(lib.colibri_load_model_with_memory(str(path).encode(), ctypes.byref(options),
+                                                  self._WEIGHTS[weights], ctypes.byref(handle)))
         self._handle = handle
         self._info: Optional[ModelInfo] = None
 

@@ -135,6 +135,7 @@ _PROTOTYPES = {
     "colibri_abi_version": (c_int32, []),
     "colibri_load_options_default": (LoadOptions, []),
     "colibri_load_model": (ctypes.c_int, [c_char_p, _P(LoadOptions), _P(c_void_p)]),
+    "colibri_load_model_with_memory": (ctypes.c_int, [c_char_p, _P(LoadOptions), ctypes.c_int32, _P(c_void_p)]),
     "colibri_unload_model": (None, [c_void_p]),
     "colibri_model_info": (ctypes.c_int, [c_void_p, _P(ModelStats)]),
     "colibri_tokenize": (ctypes.c_int, [c_void_p, c_char_p, c_uint32, _P(c_void_p), _P(c_size_t)]),

@@ -179,6 +179,29 @@ COLIBRI_API colibri_load_options colibri_load_options_default(void);
 COLIBRI_API colibri_status colibri_load_model(const char* path, const colibri_load_options* options,
                                               colibri_model** out);
 
+/* Where a .colibri file's weights live (converted checkpoints are always in
+ * the process's own memory). A separate argument of its own function rather
+ * than a field of colibri_load_options, for the reason given at
+ * colibri_expert_cache_options below. */
+typedef enum colibri_weights_memory {
+  COLIBRI_WEIGHTS_MAP = 0,  /* the page cache's pages, mapped in place: instant,
+                               shared with other processes, 4 KiB pages (what
+                               colibri_load_model does) */
+  COLIBRI_WEIGHTS_COPY = 1, /* read into huge-page memory at load: decode streams
+                               the weights faster (1.57x on an OLMoE-shaped int8
+                               file here, docs/BENCH.md); memory of its own */
+  COLIBRI_WEIGHTS_AUTO = 2  /* COPY when the file fits in available memory
+                               (MemAvailable, cgroup limit) with a tenth to
+                               spare, else MAP */
+} colibri_weights_memory;
+
+/* colibri_load_model with the weights held as `memory` (a
+ * colibri_weights_memory). An expert cache (colibri_model_enable_expert_cache)
+ * needs MAP: it reads experts from the file. Errors: those of
+ * colibri_load_model, INVALID_ARGUMENT for an unknown `memory`. */
+COLIBRI_API colibri_status colibri_load_model_with_memory(const char* path, const colibri_load_options* options,
+                                                          int32_t memory, colibri_model** out);
+
 /* Releases a model. NULL is a no-op. No other call may be using it. */
 COLIBRI_API void colibri_unload_model(colibri_model* model);
 
