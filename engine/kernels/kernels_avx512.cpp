@@ -1014,6 +1014,16 @@ void swiglu(const float* gate, const float* up, int32_t n, float* out) {
 __m512 load_kv16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 __m512 load_kv16(const std::uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
+// A head's cached rows are `stride` elements apart (all KV heads of a
+// position are one row), too far apart for the hardware prefetcher: each
+// row's lines are requested kPositionsAhead positions early.
+constexpr int32_t kPositionsAhead = 8;
+
+template <class T>
+inline void prefetch_row(const T* row, size_t dim) {
+  for (size_t b = 0; b < dim * sizeof(T); b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+}
+
 // Four positions at a time so four independent FMA chains hide the latency.
 template <class T>
 void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_positions, int32_t head_dim,
@@ -1023,7 +1033,11 @@ void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_po
   auto block = [&]<int NP>(int32_t p0) {
     __m512 acc[NP];
 #pragma GCC unroll 4
-    for (int k = 0; k < NP; ++k) acc[k] = _mm512_setzero_ps();
+    for (int k = 0; k < NP; ++k) {
+      acc[k] = _mm512_setzero_ps();
+      if (p0 + k + kPositionsAhead < n_positions)
+        prefetch_row(keys + (static_cast<size_t>(p0) + k + kPositionsAhead) * stride, dim);
+    }
     for (size_t i = 0; i < dim; i += 16) {
       const __mmask16 m = mask16(dim - i);
       const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
@@ -1055,6 +1069,8 @@ void attention_values(const float* weights, const T* values, size_t stride, int3
     for (int32_t p = 0; p < n_positions; ++p) {
       const __m512 wp = _mm512_set1_ps(weights[p]);
       const T* v = values + static_cast<size_t>(p) * stride + i;
+      if (p + kPositionsAhead < n_positions)
+        prefetch_row(v + kPositionsAhead * stride, std::min<size_t>(64, dim - i));
       for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(wp, load_kv16(v + 16 * k, m[k]), acc[k]);
     }
     for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + i + 16 * k, m[k], acc[k]);
