@@ -96,11 +96,9 @@ Options parse(int argc, char** argv) {
       } else if (arg == "--repeat") {
         o.repeat = positive("--repeat", value);
       } else if (arg == "--weights") {
-        const std::string_view w = value;
-        if (w == "auto") o.weights = colibri::WeightsMemory::Auto;
-        else if (w == "map") o.weights = colibri::WeightsMemory::Map;
-        else if (w == "copy") o.weights = colibri::WeightsMemory::Copy;
-        else usage("--weights takes auto, map or copy");
+        const auto weights = colibri::weights_memory_from_name(value);
+        if (!weights) usage("--weights takes auto, map or copy");
+        o.weights = *weights;
       } else {
         usage(("unknown option " + std::string(arg)).c_str());
       }

@@ -112,11 +112,8 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   LoadOptions load;
   load.verify_checksums = verify;
   load.lock = config.lock_memory;
-  // An expert budget reads experts from the file: the weights stay mapped.
-  load.memory = config.model_memory == "copy"                             ? WeightsMemory::Copy
-                : config.model_memory == "map" || config.expert_cache_mb > 0 ? WeightsMemory::Map
-                                                                           : WeightsMemory::Auto;
-  load.copy_dense = config.model_memory == "auto" && config.expert_cache_mb > 0;
+  // The config's choices are the parser's names.
+  load.set_weights_memory(*weights_memory_from_name(config.model_memory), config.expert_cache_mb > 0);
   std::shared_ptr<const Model> model;
   auto load_model = [&]() -> Status {
     sigbus::LoadScope scope;

@@ -28,12 +28,8 @@ struct WeightsFlags {
   // `expert_budget`: an expert store will read experts from the file.
   colibri::LoadOptions load_options(bool expert_budget = false) const {
     colibri::LoadOptions options;
-    options.memory = memory == "copy" ? colibri::WeightsMemory::Copy
-                     : memory == "map" || expert_budget ? colibri::WeightsMemory::Map
-                                                        : colibri::WeightsMemory::Auto;
-    // The store pages experts from the mapping; what every token reads
-    // still goes on huge pages.
-    options.copy_dense = memory == "auto" && expert_budget;
+    // The flag's choices (checked above) are the parser's names.
+    options.set_weights_memory(*colibri::weights_memory_from_name(memory), expert_budget);
     options.lock = lock;
     return options;
   }

@@ -111,10 +111,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 MappedFile::~MappedFile() { reset(); }
 
 void MappedFile::reset() {
-  if (data_ != nullptr && !copied()) {
-    if (locked_) ::munlock(data_, size_);
-    ::munmap(const_cast<std::uint8_t*>(data_), size_);
-  }
+  if (data_ != nullptr && !copied()) ::munmap(const_cast<std::uint8_t*>(data_), size_);  // also unlocks
   copy_ = Arena{};
   data_ = nullptr;
   size_ = 0;

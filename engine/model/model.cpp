@@ -72,6 +72,13 @@ Result<std::shared_ptr<const Model>> Model::from_source(const std::filesystem::p
   return std::shared_ptr<const Model>(std::move(model));
 }
 
+std::optional<WeightsMemory> weights_memory_from_name(std::string_view name) {
+  if (name == "auto") return WeightsMemory::Auto;
+  if (name == "map") return WeightsMemory::Map;
+  if (name == "copy") return WeightsMemory::Copy;
+  return std::nullopt;
+}
+
 std::string Model::weights_memory() const {
   if (mapping_.data() == nullptr) return {};
   std::string text = mapping_.describe();

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/mapped_file.h"
@@ -37,6 +39,9 @@ enum class WeightsMemory {
   Auto,  // Copy when the copy and reserve_bytes fit in available memory, else Map
 };
 
+// "auto", "map", "copy": the names of --weights and the server's model_memory.
+std::optional<WeightsMemory> weights_memory_from_name(std::string_view name);
+
 struct LoadOptions {
   // .colibri files: recompute every tensor and expert checksum before use
   // (the header checksum is always checked).
@@ -50,6 +55,14 @@ struct LoadOptions {
   // and leave the experts mapped, for an expert store to page. Auto with an
   // expert budget means this.
   bool copy_dense = false;
+
+  // memory = `requested`, except that Auto with an expert budget maps the
+  // file (the store reads experts from it) and copies the dense tensors.
+  void set_weights_memory(WeightsMemory requested, bool expert_budget) {
+    const bool paged = requested == WeightsMemory::Auto && expert_budget;
+    memory = paged ? WeightsMemory::Map : requested;
+    copy_dense = paged;
+  }
   // .colibri files: mlock the weights. A refusal does not fail the load:
   // Model::weights_lock_error() says why and how to allow it.
   bool lock = false;
