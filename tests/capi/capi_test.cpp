@@ -526,6 +526,14 @@ colibri::GenerateOutput engine_generate(const std::string& fixture, const std::s
   return output.ok() ? *output : colibri::GenerateOutput{};
 }
 
+// colibri-convert's int8 .colibri file of a fixture, written to `file`.
+void convert_int8(const std::string& fixture, const fs::path& file) {
+  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " +
+                              fixture_dir(fixture).string() + " --output " + file.string() +
+                              " --quant int8 --no-progress > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+}
+
 TEST_F(CApi, LoadModelErrors) {
   colibri_model* model = reinterpret_cast<colibri_model*>(0x1);
   EXPECT_STATUS(COLIBRI_ERR_NULL_POINTER, lib::colibri_load_model(nullptr, nullptr, &model), "colibri_load_model");
@@ -563,10 +571,7 @@ TEST_F(CApi, LoadModelErrors) {
 // its quantization scheme, and generates what the engine generates from it.
 TEST_F(CApi, ColibriFileWithChecksums) {
   const fs::path file = fs::temp_directory_path() / ("colibri_capi_" + std::to_string(getpid()) + ".colibri");
-  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " +
-                              fixture_dir("qwen2moe-tiny").string() + " --output " + file.string() +
-                              " --quant int8 --no-progress > /dev/null";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_NO_FATAL_FAILURE(convert_int8("qwen2moe-tiny", file));
   colibri_load_options options = lib::colibri_load_options_default();
   options.verify_checksums = 1;
   colibri_model* model = nullptr;
@@ -609,10 +614,7 @@ TEST_F(CApi, ColibriFileWithChecksums) {
 // copied model cannot take an expert cache.
 TEST_F(CApi, WeightsMemoryKindsGenerateTheSameTokens) {
   const fs::path file = fs::temp_directory_path() / ("colibri_capi_memory_" + std::to_string(getpid()) + ".colibri");
-  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " +
-                              fixture_dir("olmoe-tiny").string() + " --output " + file.string() +
-                              " --quant int8 --no-progress > /dev/null";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_NO_FATAL_FAILURE(convert_int8("olmoe-tiny", file));
   colibri_inference_params params = lib::colibri_inference_params_default();
   params.max_tokens = 16;
   params.ignore_eos = 1;
@@ -655,10 +657,7 @@ TEST_F(CApi, WeightsMemoryKindsGenerateTheSameTokens) {
 // by name.
 TEST_F(CApi, ExpertStoreGeneratesTheSameTokens) {
   const fs::path file = fs::temp_directory_path() / ("colibri_capi_store_" + std::to_string(getpid()) + ".colibri");
-  const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-convert --input " +
-                              fixture_dir("olmoe-tiny").string() + " --output " + file.string() +
-                              " --quant int8 --no-progress > /dev/null";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_NO_FATAL_FAILURE(convert_int8("olmoe-tiny", file));
   colibri_inference_params params = lib::colibri_inference_params_default();
   params.max_tokens = 16;
   params.ignore_eos = 1;
