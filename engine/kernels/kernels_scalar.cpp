@@ -59,6 +59,69 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std
     }
 }
 
+// ---- Q8R16 -----------------------------------------------------------------------
+//
+// Every path computes Q8R16 products exactly as these functions do, bit for
+// bit, so results depend neither on the path nor on batching. Per row, groups
+// in order: with int8 activations, the group's exact int32 dot d, then
+// acc = fma(float(d), w_scale * x_scale, acc), and the residual plane's term
+// the same way right after; with f32 activations, the group's partial sum
+// p = fma(float(w), x, p) over its columns in order, then
+// acc = fma(p, w_scale, acc). Vector paths hold 16 rows in 16 lanes and run
+// the same operations lane-wise. std::fma, not a*b+c: one rounding is part of
+// the definition, and without -mfma a*b+c would round twice.
+
+struct Q8R16Row {
+  const std::int8_t* values;  // the row's block; column c of the row is at values[(c/4)*64 + c%4]
+  const float* scales;        // scales[g * 16]
+};
+
+Q8R16Row q8r16_row(const Matrix& w, std::int32_t r) {
+  const std::size_t groups = static_cast<std::size_t>(group_count(w.cols, w.group));
+  const std::size_t block = static_cast<std::size_t>(r) / kQ8R16Rows, lane = static_cast<std::size_t>(r) % kQ8R16Rows;
+  const std::size_t cols4 = (static_cast<std::size_t>(w.cols) + 3) / 4 * 4;
+  return {static_cast<const std::int8_t*>(w.data) + block * kQ8R16Rows * cols4 + lane * 4,
+          w.scales + block * groups * kQ8R16Rows + lane};
+}
+
+inline int q8r16_value(const Q8R16Row& row, std::size_t c) { return row.values[(c / 4) * 4 * kQ8R16Rows + c % 4]; }
+
+float q8r16_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
+  const Q8R16Row row = q8r16_row(w, r);
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  float acc = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    std::int32_t dot = 0, lo = 0;
+    for (std::size_t c = begin; c < end; ++c) {
+      const int value = q8r16_value(row, c);
+      dot += value * xq.q[c];
+      if (xq.residual_q != nullptr) lo += value * xq.residual_q[c];
+    }
+    const float w_scale = row.scales[static_cast<std::size_t>(g) * kQ8R16Rows];
+    acc = std::fma(static_cast<float>(dot), w_scale * xq.scales[g], acc);
+    if (xq.residual_q != nullptr) acc = std::fma(static_cast<float>(lo), w_scale * xq.residual_scales[g], acc);
+  }
+  return acc;
+}
+
+float q8r16_row_f32(const Matrix& w, std::int32_t r, const float* x) {
+  const Q8R16Row row = q8r16_row(w, r);
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  float acc = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    float partial = 0.0f;
+    for (std::size_t c = begin; c < end; ++c) partial = std::fma(static_cast<float>(q8r16_value(row, c)), x[c], partial);
+    acc = std::fma(partial, row.scales[static_cast<std::size_t>(g) * kQ8R16Rows], acc);
+  }
+  return acc;
+}
+
 // One row of an int8-activation product. With the residual plane each group
 // adds a second exact dot product with its own scale.
 float q8_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
@@ -130,6 +193,8 @@ float row_f32(const Matrix& w, std::int32_t r, const float* x) {
       for (std::size_t c = 0; c < cols; ++c) sum += bf16_value(row + 2 * c) * x[c];
       return sum;
     }
+    case WeightFormat::Q8R16:
+      return q8r16_row_f32(w, r, x);
     case WeightFormat::Q8:
     case WeightFormat::Q4:
       break;
@@ -159,6 +224,11 @@ float row_f32(const Matrix& w, std::int32_t r, const float* x) {
 
 void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, std::int32_t row_begin,
             std::int32_t row_end) {
+  if (w.format == WeightFormat::Q8R16) {
+    for (std::int32_t r = row_begin; r < row_end; ++r)
+      y[r] = xq != nullptr ? q8r16_row_int8(w, r, *xq) : q8r16_row_f32(w, r, x);
+    return;
+  }
   for (std::int32_t r = row_begin; r < row_end; ++r) {
     if (xq != nullptr && w.format == WeightFormat::Q8)
       y[r] = q8_row_int8(w, r, *xq);
@@ -255,6 +325,10 @@ void row_int8_tile(const Matrix& w, std::int32_t r, std::int32_t nv, const Activ
 
 void matmat(const Matrix& w, std::int32_t n, const float* const* x, const ActivationView* const* xq,
             float* const* y, std::int32_t row_begin, std::int32_t row_end) {
+  if (w.format == WeightFormat::Q8R16) {  // per vector: the definition is matvec's
+    for (std::int32_t v = 0; v < n; ++v) matvec(w, x[v], xq != nullptr ? xq[v] : nullptr, y[v], row_begin, row_end);
+    return;
+  }
   const bool int8 = xq != nullptr && is_quantized(w.format);
   for (std::int32_t r = row_begin; r < row_end; ++r)
     for (std::int32_t v0 = 0; v0 < n; v0 += kTile) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -15,6 +16,42 @@ std::uint16_t f32_to_bf16(float value) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40);  // NaN stays NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
   return static_cast<std::uint16_t>(bits >> 16);
+}
+
+// Q8 of one row: per group, scale = amax / 127 and values rounded to nearest.
+void quantize_q8_row(const float* row, std::int32_t cols, std::int32_t group, std::int8_t* q, float* scales) {
+  const std::int32_t groups = (cols + group - 1) / group;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::int32_t begin = g * group;
+    const std::int32_t end = std::min(cols, begin + group);
+    float amax = 0.0f;
+    for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(row[c]));
+    const float scale = amax / 127.0f;
+    const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (std::int32_t c = begin; c < end; ++c)
+      q[c] = static_cast<std::int8_t>(std::clamp(std::lround(row[c] * inverse), -127L, 127L));
+    scales[g] = scale;
+  }
+}
+
+// The same numbers as Q8, interleaved by 16 rows (weight_format.h).
+void quantize_q8r16(std::int32_t rows, std::int32_t cols, std::int32_t group, const float* src,
+                    std::uint8_t* out, const WeightLayout& layout) {
+  const std::int32_t groups = (cols + group - 1) / group;
+  const std::size_t cols4 = align_up(static_cast<std::size_t>(cols), 4);
+  std::vector<std::int8_t> q(static_cast<std::size_t>(cols));
+  std::vector<float> row_scales(static_cast<std::size_t>(groups));
+  auto* values = reinterpret_cast<std::int8_t*>(out);
+  auto* scales = reinterpret_cast<float*>(out + layout.scales_offset);
+  for (std::int32_t r = 0; r < rows; ++r) {
+    quantize_q8_row(src + static_cast<std::size_t>(r) * cols, cols, group, q.data(), row_scales.data());
+    const std::size_t block = static_cast<std::size_t>(r / kQ8R16Rows), lane = static_cast<std::size_t>(r % kQ8R16Rows);
+    std::int8_t* block_values = values + block * kQ8R16Rows * cols4;
+    for (std::size_t c = 0; c < static_cast<std::size_t>(cols); ++c)
+      block_values[(c / 4) * 4 * kQ8R16Rows + lane * 4 + c % 4] = q[c];
+    for (std::int32_t g = 0; g < groups; ++g)
+      scales[(block * groups + static_cast<std::size_t>(g)) * kQ8R16Rows + lane] = row_scales[static_cast<std::size_t>(g)];
+  }
 }
 
 }  // namespace
@@ -42,7 +79,17 @@ void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols,
         std::memcpy(out + 2 * i, &h, 2);
       }
       return;
-    case WeightFormat::Q8:
+    case WeightFormat::Q8R16:
+      quantize_q8r16(rows, cols, group, src, out, layout);
+      return;
+    case WeightFormat::Q8: {
+      const std::int32_t groups = (cols + group - 1) / group;
+      for (std::int32_t r = 0; r < rows; ++r)
+        quantize_q8_row(src + static_cast<std::size_t>(r) * cols, cols, group,
+                        reinterpret_cast<std::int8_t*>(out) + static_cast<std::size_t>(r) * cols,
+                        reinterpret_cast<float*>(out + layout.scales_offset) + static_cast<std::size_t>(r) * groups);
+      return;
+    }
     case WeightFormat::Q4:
       break;
   }
@@ -55,31 +102,20 @@ void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols,
       const std::int32_t begin = g * group;
       const std::int32_t end = std::min(cols, begin + group);
       const std::size_t slot = static_cast<std::size_t>(r) * groups + g;
-      if (format == WeightFormat::Q8) {
-        float amax = 0.0f;
-        for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(row[c]));
-        const float scale = amax / 127.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        auto* q = reinterpret_cast<std::int8_t*>(out) + static_cast<std::size_t>(r) * cols;
-        for (std::int32_t c = begin; c < end; ++c)
-          q[c] = static_cast<std::int8_t>(std::clamp(std::lround(row[c] * inverse), -127L, 127L));
-        scales[slot] = scale;
-      } else {
-        float lo = row[begin], hi = row[begin];
-        for (std::int32_t c = begin; c < end; ++c) {
-          lo = std::min(lo, row[c]);
-          hi = std::max(hi, row[c]);
-        }
-        const float scale = (hi - lo) / 15.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        std::uint8_t* packed = out + static_cast<std::size_t>(r) * ((cols + 1) / 2);
-        for (std::int32_t c = begin; c < end; ++c) {
-          auto q = static_cast<std::uint8_t>(std::clamp(std::lround((row[c] - lo) * inverse), 0L, 15L));
-          packed[c / 2] |= (c % 2 == 0) ? q : static_cast<std::uint8_t>(q << 4);
-        }
-        scales[slot] = scale;
-        mins[slot] = lo;
+      float lo = row[begin], hi = row[begin];
+      for (std::int32_t c = begin; c < end; ++c) {
+        lo = std::min(lo, row[c]);
+        hi = std::max(hi, row[c]);
       }
+      const float scale = (hi - lo) / 15.0f;
+      const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+      std::uint8_t* packed = out + static_cast<std::size_t>(r) * ((cols + 1) / 2);
+      for (std::int32_t c = begin; c < end; ++c) {
+        auto q = static_cast<std::uint8_t>(std::clamp(std::lround((row[c] - lo) * inverse), 0L, 15L));
+        packed[c / 2] |= (c % 2 == 0) ? q : static_cast<std::uint8_t>(q << 4);
+      }
+      scales[slot] = scale;
+      mins[slot] = lo;
     }
   }
 }
@@ -117,6 +153,15 @@ void dequantize_row(const Matrix& m, std::int32_t row, float* out) {
       const std::size_t groups = (cols + m.group - 1) / m.group;
       const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + row * cols;
       for (std::size_t c = 0; c < cols; ++c) out[c] = m.scales[row * groups + c / m.group] * q[c];
+      return;
+    }
+    case WeightFormat::Q8R16: {
+      const std::size_t groups = (cols + m.group - 1) / m.group;
+      const std::size_t block = static_cast<std::size_t>(row) / kQ8R16Rows, lane = static_cast<std::size_t>(row) % kQ8R16Rows;
+      const auto* values = reinterpret_cast<const std::int8_t*>(bytes) + block * kQ8R16Rows * align_up(cols, 4);
+      const float* scales = m.scales + block * groups * kQ8R16Rows + lane;
+      for (std::size_t c = 0; c < cols; ++c)
+        out[c] = scales[(c / m.group) * kQ8R16Rows] * values[(c / 4) * 4 * kQ8R16Rows + lane * 4 + c % 4];
       return;
     }
     case WeightFormat::Q4: {

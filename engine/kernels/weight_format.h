@@ -10,11 +10,24 @@
 
 namespace colibri {
 
-enum class WeightFormat : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4 };
+enum class WeightFormat : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4 = 4, Q8R16 = 5 };
+
+// Q8R16 holds Q8's values and scales with 16 rows interleaved, so that one
+// 64-byte load holds 4 columns of 16 rows and one int8 dot-product
+// instruction advances 16 rows at once, each in its own lane (no horizontal
+// sums, one scale step per group for 16 rows). Values: per block of 16 rows,
+// per 4 columns, the 16 rows' 4 bytes in row order ([rows/16][cols4/4][16][4],
+// cols4 = cols rounded up to 4, padding zero). Scales: [rows/16][groups][16].
+// rows % 16 == 0 and group % 4 == 0, so a 4-column chunk never spans groups.
+constexpr std::int32_t kQ8R16Rows = 16;
 
 std::string_view weight_format_name(WeightFormat format);
 std::optional<WeightFormat> weight_format_from_code(std::uint8_t code);
 bool is_quantized(WeightFormat format);
+// Q8 and Q8R16: int8 values with one f32 scale per group.
+bool is_q8(WeightFormat format);
+// Whether a [rows, cols] tensor with this group size can be stored as Q8R16.
+bool q8r16_fits(std::uint64_t rows, std::uint64_t cols, std::uint32_t group);
 
 // Planes of one [rows, cols] tensor; offsets are from the tensor's first byte.
 // Each plane starts 64-byte aligned so that vector loads of it never split.

@@ -59,10 +59,25 @@ inline std::vector<float> random_vector(std::int32_t n, std::mt19937& rng, float
 
 inline int code_at(const Matrix& m, std::int32_t r, std::int32_t c) {
   const auto* bytes = static_cast<const std::uint8_t*>(m.data);
+  if (m.format == WeightFormat::Q8R16) {
+    const std::size_t cols4 = (static_cast<std::size_t>(m.cols) + 3) / 4 * 4;
+    const std::size_t block = static_cast<std::size_t>(r) / kQ8R16Rows, lane = static_cast<std::size_t>(r) % kQ8R16Rows;
+    const std::size_t at = block * kQ8R16Rows * cols4 + (static_cast<std::size_t>(c) / 4) * 4 * kQ8R16Rows + lane * 4 + c % 4;
+    return reinterpret_cast<const std::int8_t*>(bytes)[at];
+  }
   if (m.format == WeightFormat::Q8)
     return reinterpret_cast<const std::int8_t*>(bytes)[static_cast<std::size_t>(r) * m.cols + c];
   const std::uint8_t byte = bytes[static_cast<std::size_t>(r) * ((m.cols + 1) / 2) + c / 2];
   return c % 2 == 0 ? (byte & 0x0f) : (byte >> 4);
+}
+
+// The scale (or min) of row r, group g, in the matrix's layout.
+inline float scale_at(const Matrix& m, const float* plane, std::int32_t r, std::int32_t g) {
+  const std::size_t groups = static_cast<std::size_t>((m.cols + m.group - 1) / m.group);
+  if (m.format == WeightFormat::Q8R16)
+    return plane[(static_cast<std::size_t>(r) / kQ8R16Rows * groups + static_cast<std::size_t>(g)) * kQ8R16Rows +
+                 static_cast<std::size_t>(r) % kQ8R16Rows];
+  return plane[static_cast<std::size_t>(r) * groups + static_cast<std::size_t>(g)];
 }
 
 // The int8 product in exact arithmetic (double holds every term exactly
@@ -83,12 +98,12 @@ inline void exact_int8_row(const Matrix& w, std::int32_t r, const ActivationQ8& 
         dot += p;
         abs_dot += p < 0 ? -p : p;
       }
-      const double scale = static_cast<double>(w.scales[static_cast<std::size_t>(r) * groups + g]) * x_scales[g];
+      const double scale = static_cast<double>(scale_at(w, w.scales, r, g)) * x_scales[g];
       value += scale * static_cast<double>(dot);
       magnitude += std::fabs(scale) * static_cast<double>(abs_dot);
       if (w.format == WeightFormat::Q4) {
         const double min_term =
-            static_cast<double>(w.mins[static_cast<std::size_t>(r) * groups + g]) * x_scales[g] * sums[g];
+            static_cast<double>(scale_at(w, w.mins, r, g)) * x_scales[g] * sums[g];
         value += min_term;
         magnitude += std::fabs(min_term);
       }
@@ -121,7 +136,7 @@ inline const char* activations_name(Activations a) {
 }
 
 constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8,
-                                     WeightFormat::Q4};
+                                     WeightFormat::Q4,  WeightFormat::Q8R16};
 
 // A random shape with ragged tails: cols rarely a multiple of 128, rows
 // rarely of 4, and the group sizes models use next to odd ones.
@@ -137,6 +152,10 @@ inline Shape random_shape(WeightFormat format, std::mt19937& rng, std::int32_t m
   if (is_quantized(format)) {
     s.group = kGroups[std::uniform_int_distribution<std::size_t>(0, std::size(kGroups) - 1)(rng)];
     if (s.group == 0) s.group = s.cols + 5;  // one group larger than the row
+  }
+  if (format == WeightFormat::Q8R16) {  // whole 16-row blocks, groups of whole 4-column chunks
+    s.rows = kQ8R16Rows * std::uniform_int_distribution<std::int32_t>(1, (max_rows + 15) / 16 + 1)(rng);
+    s.group = (s.group + 3) / 4 * 4;
   }
   return s;
 }
@@ -260,6 +279,64 @@ inline int check_matvec_matches_reference(int cases, std::uint32_t seed = 99) {
             report.fail("%s: %.9g, f32 reference %.9g (quantization bound %.3g)", context().c_str(), value, reference, bound);
         }
       }
+    }
+  return report.failures();
+}
+
+// Q8R16 has one definition (kernels_scalar.cpp), so every path must give the
+// portable path's bits exactly: matvec and matmat, one and two activation
+// planes and f32 activations, random row ranges (partial 16-row blocks
+// included), on the active path against the scalar one.
+inline int check_q8r16_matches_portable(int cases, std::uint32_t seed = 1616) {
+  Report report("q8r16 == portable");
+  std::mt19937 rng(seed);
+  const Isa path = active_isa();
+  constexpr std::int32_t kCounts[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 70};
+  for (Activations acts : {Activations::F32, Activations::Int8, Activations::Int8Residual})
+    for (int i = 0; i < cases; ++i) {
+      Shape s = random_shape(WeightFormat::Q8R16, rng, 40);
+      if (i == 0) s.cols = 2048;
+      const std::int32_t n = kCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kCounts) - 1)(rng)];
+      Weights w = make_weights(WeightFormat::Q8R16, s.rows, s.cols, s.group, rng);
+      std::vector<std::vector<float>> xs;
+      std::vector<ActivationQ8> xqs(static_cast<std::size_t>(n));
+      std::vector<const float*> x_ptrs;
+      std::vector<const ActivationQ8*> xq_ptrs;
+      for (std::int32_t v = 0; v < n; ++v) {
+        xs.push_back(random_vector(s.cols, rng, v % 3 == 0 ? 3.0f : 1.0f));
+        if (acts != Activations::F32)
+          quantize_activation(xs.back().data(), s.cols, s.group, xqs[static_cast<std::size_t>(v)],
+                              acts == Activations::Int8Residual);
+      }
+      for (std::int32_t v = 0; v < n; ++v) {
+        x_ptrs.push_back(xs[static_cast<std::size_t>(v)].data());
+        xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
+      }
+      std::int32_t begin = 0, end = s.rows;
+      if (i % 2 == 1) {
+        begin = std::uniform_int_distribution<std::int32_t>(0, s.rows - 1)(rng);
+        end = std::uniform_int_distribution<std::int32_t>(begin + 1, s.rows)(rng);
+      }
+      auto run = [&](Isa isa) {
+        force_isa(isa);
+        std::vector<std::vector<float>> y(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(s.rows), -7.25f));
+        std::vector<float*> y_ptrs;
+        for (auto& row : y) y_ptrs.push_back(row.data());
+        matmat(w.m, n, x_ptrs.data(), acts == Activations::F32 ? nullptr : xq_ptrs.data(), y_ptrs.data(), begin, end);
+        return y;
+      };
+      const auto got = run(path);
+      const auto want = run(Isa::Scalar);
+      force_isa(path);
+      for (std::int32_t v = 0; v < n; ++v)
+        for (std::int32_t r = 0; r < s.rows; ++r) {
+          const float g = got[static_cast<std::size_t>(v)][static_cast<std::size_t>(r)];
+          const float e = want[static_cast<std::size_t>(v)][static_cast<std::size_t>(r)];
+          if (std::memcmp(&g, &e, sizeof g) != 0)
+            report.fail("%dx%d group %d, %s activations, n %d, rows [%d,%d): y[%d][%d] = %.9g, portable %.9g", s.rows,
+                        s.cols, s.group, activations_name(acts), n, begin, end, v, r, static_cast<double>(g),
+                        static_cast<double>(e));
+        }
     }
   return report.failures();
 }
