@@ -74,7 +74,8 @@ constexpr Variant kVariants[] = {
     {WeightFormat::BF16, false, false, "bf16"},        {WeightFormat::Q8, true, false, "q8_int8act"},
     {WeightFormat::Q8, true, true, "q8_int8x2act"},    {WeightFormat::Q8, false, false, "q8_f32act"},
     {WeightFormat::Q4, true, false, "q4_int8act"},     {WeightFormat::Q4, true, true, "q4_int8x2act"},
-    {WeightFormat::Q4, false, false, "q4_f32act"},
+    {WeightFormat::Q4, false, false, "q4_f32act"},     {WeightFormat::Q8R16, true, false, "q8r16_int8act"},
+    {WeightFormat::Q8R16, true, true, "q8r16_int8x2act"},
 };
 
 struct AlignedFree {
@@ -105,7 +106,7 @@ Pool& pool_for(WeightFormat format, const Shape& shape) {
   static Pool pool;  // one at a time: benchmarks are registered grouped by pool
   if (pool.shape == &shape && pool.format == format) return pool;
   pool = Pool{};
-  const std::int32_t group = format == WeightFormat::Q8 ? 64 : format == WeightFormat::Q4 ? 32 : 0;
+  const std::int32_t group = is_q8(format) ? 64 : format == WeightFormat::Q4 ? 32 : 0;
   const WeightLayout layout = *weight_layout(format, static_cast<std::uint64_t>(shape.rows),
                                              static_cast<std::uint64_t>(shape.cols), static_cast<std::uint32_t>(group));
   const std::size_t stride = align_up(layout.total_bytes, 4096);
@@ -257,7 +258,8 @@ constexpr MatmatShape kMatmatShapes[] = {{"2048x2048", 2048, 2048}, {"1024x2048"
 constexpr Variant kMatmatVariants[] = {
     {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
     {WeightFormat::Q4, true, false, "q4g32_int8act"}, {WeightFormat::Q4, true, true, "q4g32_int8x2act"},
-    {WeightFormat::F32, false, false, "f32"},
+    {WeightFormat::F32, false, false, "f32"},         {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"},
+    {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
 };
 
 #if defined(__x86_64__)
@@ -330,7 +332,7 @@ void BM_Matmat(benchmark::State& state, Variant variant, const MatmatShape* shap
     state.SkipWithError("path not supported here");
     return;
   }
-  const std::int32_t group = variant.format == WeightFormat::Q8 ? 64 : variant.format == WeightFormat::Q4 ? 32 : 0;
+  const std::int32_t group = is_q8(variant.format) ? 64 : variant.format == WeightFormat::Q4 ? 32 : 0;
   const WeightLayout layout = *weight_layout(variant.format, static_cast<std::uint64_t>(shape->rows),
                                              static_cast<std::uint64_t>(shape->cols), static_cast<std::uint32_t>(group));
   AlignedBytes bytes = allocate(align_up(layout.total_bytes, 4096));
@@ -412,7 +414,8 @@ void register_benchmarks() {
           }
   benchmark::RegisterBenchmark("quantize_activation/2048/residual", BM_QuantizeActivation, true);
   // Grouped by (format, shape) so each pool of copies is built once.
-  for (WeightFormat format : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4})
+  for (WeightFormat format : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4,
+                              WeightFormat::Q8R16})
     for (const Shape& shape : kShapes)
       for (const Variant& variant : kVariants) {
         if (variant.format != format) continue;

@@ -36,6 +36,15 @@ WeightFormat QuantScheme::format_for(TensorRole role) const {
   return WeightFormat::F32;
 }
 
+WeightFormat QuantScheme::stored_format(TensorRole role, std::int32_t rows, std::int32_t cols) const {
+  const WeightFormat format = format_for(role);
+  if (format == WeightFormat::Q8 && interleave_q8 && role != TensorRole::Embedding &&
+      q8r16_fits(static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols),
+                 static_cast<std::uint32_t>(group_for(role, cols))))
+    return WeightFormat::Q8R16;
+  return format;
+}
+
 std::int32_t QuantScheme::group_for(TensorRole role, std::int32_t cols) const {
   switch (format_for(role)) {
     case WeightFormat::Q8:
@@ -266,7 +275,7 @@ Status write_colibri(const std::filesystem::path& output, const ConvertInput& in
     if (!found) return make_error("{}: missing tensor '{}'", source.describe(), t.name);
     if (*found != t.shape())
       return make_error("{}: tensor '{}' has the wrong shape for this config", source.describe(), t.name);
-    LaidOutTensor laid{&t, t.is_vector ? WeightFormat::F32 : scheme.format_for(t.role),
+    LaidOutTensor laid{&t, t.is_vector ? WeightFormat::F32 : scheme.stored_format(t.role, t.rows, t.cols),
                        t.is_vector ? 0 : scheme.group_for(t.role, t.cols)};
     laid.size = weight_layout(laid.format, static_cast<std::uint64_t>(t.rows),
                               static_cast<std::uint64_t>(t.cols), static_cast<std::uint32_t>(laid.group))
