@@ -1,12 +1,13 @@
 // The aarch64 path: NEON with the dot-product extension (compiled with
 // -march=armv8.2-a+dotprod on aarch64 only, see engine/CMakeLists.txt; reached
 // after getauxval reported HWCAP_ASIMDDP). It covers the kernels decode time
-// depends on: int8-activation Q8/Q4 products (sdot), f32/f16/bf16 products
-// and attention. The rest (activation quantization, norms, softmax, and the
-// f32-activation Q8/Q4 fallbacks) forwards to the portable path, which keeps
-// the quantized bytes identical by construction. Everything here has internal
-// linkage; see kernel_table.h. Rows go 4 at a time with the same per-row
-// instruction sequence as the 1-row remainder, as in the x86 paths.
+// depends on: int8-activation Q8/Q4 products (sdot), Q8R16 products (int8 and
+// f32 activations), f32/f16/bf16 products and attention. The rest (activation
+// quantization, norms, softmax, and the f32-activation Q8/Q4 fallbacks)
+// forwards to the portable path, which keeps the quantized bytes identical by
+// construction. Everything here has internal linkage; see kernel_table.h.
+// Rows go 4 at a time with the same per-row instruction sequence as the 1-row
+// remainder, as in the x86 paths.
 #if defined(__aarch64__)
 
 #include <arm_neon.h>
@@ -224,6 +225,193 @@ void q4_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t
   });
 }
 
+// ---- Q8R16 --------------------------------------------------------------------------
+//
+// Lanes are rows: a 64-byte chunk (4 columns of a 16-row block) is 4 registers
+// of 4 rows each, and sdot by element multiplies each row's 4 bytes by one
+// 4-byte lane of x, so one 16-byte load of x serves 4 chunks and 4 int32x4
+// accumulators hold the block's 16 row sums with no horizontal adds. The
+// per-group integer dots are exact (their order is free); the float steps are
+// the portable definition's, lane by lane: the scale product rounded on its
+// own (vmulq), then one fused multiply-add into the row's sum, the residual
+// plane's right after. So matvec and matmat give kernels_scalar.cpp's bits.
+
+size_t q8r16_cols4(const Matrix& w) { return (static_cast<size_t>(w.cols) + 3) / 4 * 4; }
+
+// Chunks [k0, k1) of group g: a group is whole chunks (group % 4 == 0), and
+// the last one's padding columns hold zero weights (and zero int8 activations).
+void q8r16_group_chunks(const Matrix& w, int32_t g, size_t& k0, size_t& k1) {
+  const size_t begin = static_cast<size_t>(g) * static_cast<size_t>(w.group);
+  k0 = begin / 4;
+  k1 = (min_size(static_cast<size_t>(w.cols), begin + static_cast<size_t>(w.group)) + 3) / 4;
+}
+
+// 4 activation bytes (one chunk's columns) in every 32-bit lane. A 16-byte
+// load there could pass the end of the activation buffer.
+int8x16_t load_s8x4(const std::int8_t* p) {
+  std::int32_t bytes;
+  std::memcpy(&bytes, p, 4);
+  return vreinterpretq_s8_s32(vdupq_n_s32(bytes));
+}
+
+// One chunk of the block into the int32 dots: lane Lane of xv (and rv) holds
+// the chunk's 4 activation bytes. The Q8R16 helpers are forced inline: GCC
+// (at -O3 too) otherwise keeps q8r16_dots a call per group in matvec, its
+// accumulators passed through memory.
+template <int Lane, bool Residual, int NV>
+[[gnu::always_inline]] inline void q8r16_dot_chunk(const std::int8_t* chunk, const int8x16_t (&xv)[NV],
+                                                   const int8x16_t (&rv)[NV], int32x4_t (&dot)[NV][4],
+                                                   int32x4_t (&lo)[NV][4]) {
+  int8x16_t wv[4];
+  for (int i = 0; i < 4; ++i) wv[i] = vld1q_s8(chunk + 16 * static_cast<size_t>(i));
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < 4; ++i) {
+      dot[v][i] = vdotq_laneq_s32(dot[v][i], wv[i], xv[v], Lane);
+      if constexpr (Residual) lo[v][i] = vdotq_laneq_s32(lo[v][i], wv[i], rv[v], Lane);
+    }
+}
+
+// The exact int32 dots of one 16-row block (`block` is its first byte) with
+// NV activation vectors over chunks [k0, k1): dot[v][i] holds rows 4i..4i+3.
+// The weights of a chunk are loaded once for all NV vectors.
+template <bool Residual, int NV>
+[[gnu::always_inline]] inline void q8r16_dots(const std::int8_t* block, size_t k0, size_t k1,
+                                              const std::int8_t* const (&q)[NV],
+                                              const std::int8_t* const (&residual_q)[NV], int32x4_t (&dot)[NV][4],
+                                              int32x4_t (&lo)[NV][4]) {
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < 4; ++i) dot[v][i] = lo[v][i] = vdupq_n_s32(0);
+  int8x16_t xv[NV], rv[NV];
+  size_t k = k0;
+  for (; k + 4 <= k1; k += 4) {
+    for (int v = 0; v < NV; ++v) {
+      xv[v] = vld1q_s8(q[v] + 4 * k);
+      rv[v] = Residual ? vld1q_s8(residual_q[v] + 4 * k) : xv[v];
+    }
+    const std::int8_t* chunk = block + 64 * k;
+    q8r16_dot_chunk<0, Residual, NV>(chunk, xv, rv, dot, lo);
+    q8r16_dot_chunk<1, Residual, NV>(chunk + 64, xv, rv, dot, lo);
+    q8r16_dot_chunk<2, Residual, NV>(chunk + 128, xv, rv, dot, lo);
+    q8r16_dot_chunk<3, Residual, NV>(chunk + 192, xv, rv, dot, lo);
+  }
+  for (; k < k1; ++k) {
+    for (int v = 0; v < NV; ++v) {
+      xv[v] = load_s8x4(q[v] + 4 * k);
+      rv[v] = Residual ? load_s8x4(residual_q[v] + 4 * k) : xv[v];
+    }
+    q8r16_dot_chunk<0, Residual, NV>(block + 64 * k, xv, rv, dot, lo);
+  }
+}
+
+// acc += dot * (w_scales * x_scale), the product rounded first: std::fma(float(d), ws * xs, acc).
+void q8r16_scale_step(float32x4_t (&acc)[4], const int32x4_t (&dot)[4], const float32x4_t (&w_scales)[4],
+                      float x_scale) {
+  const float32x4_t xs = vdupq_n_f32(x_scale);
+  for (int i = 0; i < 4; ++i) acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(dot[i]), vmulq_f32(w_scales[i], xs));
+}
+
+// Column J's byte of each row (4 rows' 4 bytes per register), sign-extended.
+template <int J>
+float32x4_t q8r16_column(int32x4_t rows4) {
+  if constexpr (J == 3) return vcvtq_f32_s32(vshrq_n_s32(rows4, 24));
+  else return vcvtq_f32_s32(vshrq_n_s32(vshlq_n_s32(rows4, 24 - 8 * J), 24));
+}
+
+template <int J, int NV>
+[[gnu::always_inline]] inline void q8r16_f32_column(const int32x4_t (&rows4)[4], const float32x4_t (&xv)[NV],
+                                                    float32x4_t (&partial)[NV][4]) {
+  float32x4_t wf[4];
+  for (int i = 0; i < 4; ++i) wf[i] = q8r16_column<J>(rows4[i]);
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < 4; ++i) partial[v][i] = vfmaq_laneq_f32(partial[v][i], wf[i], xv[v], J);
+}
+
+// Partial sums of one chunk's first len columns with NV f32 vectors, columns
+// in order: p = fma(float(w), x[c], p). The bytes are widened once for all
+// NV vectors; x is never read past the chunk's len columns.
+template <int NV>
+[[gnu::always_inline]] inline void q8r16_f32_chunk(const std::int8_t* chunk, size_t len, const float* const (&x)[NV],
+                                                   size_t c, float32x4_t (&partial)[NV][4]) {
+  int32x4_t rows4[4];
+  for (int i = 0; i < 4; ++i) rows4[i] = vreinterpretq_s32_s8(vld1q_s8(chunk + 16 * static_cast<size_t>(i)));
+  float32x4_t xv[NV];
+  for (int v = 0; v < NV; ++v) xv[v] = load4(x[v] + c, len);
+  q8r16_f32_column<0, NV>(rows4, xv, partial);
+  if (len > 1) q8r16_f32_column<1, NV>(rows4, xv, partial);
+  if (len > 2) q8r16_f32_column<2, NV>(rows4, xv, partial);
+  if (len > 3) q8r16_f32_column<3, NV>(rows4, xv, partial);
+}
+
+// The group's partial sums for NV vectors: whole chunks, then the ragged one.
+template <int NV>
+[[gnu::always_inline]] inline void q8r16_f32_group(const std::int8_t* block, size_t begin, size_t end,
+                                                   const float* const (&x)[NV], float32x4_t (&partial)[NV][4]) {
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < 4; ++i) partial[v][i] = vdupq_n_f32(0.0f);
+  size_t c = begin;
+  for (; c + 4 <= end; c += 4) q8r16_f32_chunk<NV>(block + 16 * c, 4, x, c, partial);
+  if (c < end) q8r16_f32_chunk<NV>(block + 16 * c, end - c, x, c, partial);
+}
+
+// Writes the block's rows that lie in [row_begin, row_end).
+void q8r16_store(const float32x4_t (&acc)[4], float* y, int32_t r0, int32_t row_begin, int32_t row_end) {
+  if (r0 >= row_begin && r0 + kQ8R16Rows <= row_end) {
+    for (int i = 0; i < 4; ++i) vst1q_f32(y + r0 + 4 * i, acc[i]);
+    return;
+  }
+  float buffer[kQ8R16Rows];
+  for (int i = 0; i < 4; ++i) vst1q_f32(buffer + 4 * i, acc[i]);
+  const int32_t first = r0 > row_begin ? r0 : row_begin;
+  const int32_t last = r0 + kQ8R16Rows < row_end ? r0 + kQ8R16Rows : row_end;
+  for (int32_t r = first; r < last; ++r) y[r] = buffer[r - r0];
+}
+
+template <bool Residual>
+void q8r16_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols4 = q8r16_cols4(w);
+  const int32_t groups = group_count(w.cols, w.group);
+  const std::int8_t* const q[1] = {xq.q};
+  const std::int8_t* const residual_q[1] = {xq.residual_q};
+  for (int32_t b = row_begin / kQ8R16Rows; b * kQ8R16Rows < row_end; ++b) {
+    const std::int8_t* block = static_cast<const std::int8_t*>(w.data) + static_cast<size_t>(b) * kQ8R16Rows * cols4;
+    const float* block_scales = w.scales + static_cast<size_t>(b) * groups * kQ8R16Rows;
+    float32x4_t acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = vdupq_n_f32(0.0f);
+    for (int32_t g = 0; g < groups; ++g) {
+      size_t k0, k1;
+      q8r16_group_chunks(w, g, k0, k1);
+      int32x4_t dot[1][4], lo[1][4];
+      q8r16_dots<Residual, 1>(block, k0, k1, q, residual_q, dot, lo);
+      float32x4_t w_scales[4];
+      for (int i = 0; i < 4; ++i) w_scales[i] = vld1q_f32(block_scales + static_cast<size_t>(g) * kQ8R16Rows + 4 * i);
+      q8r16_scale_step(acc, dot[0], w_scales, xq.scales[g]);
+      if constexpr (Residual) q8r16_scale_step(acc, lo[0], w_scales, xq.residual_scales[g]);
+    }
+    q8r16_store(acc, y, b * kQ8R16Rows, row_begin, row_end);
+  }
+}
+
+void q8r16_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
+  const size_t cols4 = q8r16_cols4(w);
+  const int32_t groups = group_count(w.cols, w.group);
+  const float* const xs[1] = {x};
+  for (int32_t b = row_begin / kQ8R16Rows; b * kQ8R16Rows < row_end; ++b) {
+    const std::int8_t* block = static_cast<const std::int8_t*>(w.data) + static_cast<size_t>(b) * kQ8R16Rows * cols4;
+    const float* block_scales = w.scales + static_cast<size_t>(b) * groups * kQ8R16Rows;
+    float32x4_t acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = vdupq_n_f32(0.0f);
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      float32x4_t partial[1][4];
+      q8r16_f32_group<1>(block, begin, end, xs, partial);
+      const float* group_scales = block_scales + static_cast<size_t>(g) * kQ8R16Rows;
+      for (int i = 0; i < 4; ++i) acc[i] = vfmaq_f32(acc[i], partial[0][i], vld1q_f32(group_scales + 4 * i));
+    }
+    q8r16_store(acc, y, b * kQ8R16Rows, row_begin, row_end);
+  }
+}
+
 void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, int32_t row_begin,
             int32_t row_end) {
   switch (w.format) {
@@ -234,6 +422,10 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
       if (xq != nullptr && xq->residual_q != nullptr) return q8_int8_matvec<true>(w, *xq, y, row_begin, row_end);
       if (xq != nullptr) return q8_int8_matvec<false>(w, *xq, y, row_begin, row_end);
       break;
+    case WeightFormat::Q8R16:
+      if (xq != nullptr && xq->residual_q != nullptr) return q8r16_int8_matvec<true>(w, *xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8r16_int8_matvec<false>(w, *xq, y, row_begin, row_end);
+      return q8r16_f32_matvec(w, x, y, row_begin, row_end);
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
         if (xq->residual_q != nullptr) return q4_int8_matvec<true>(w, *xq, y, row_begin, row_end);
@@ -398,6 +590,112 @@ void q4_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq,
   });
 }
 
+// Q8R16: per 16-row block and group, the group's weights (16 x group bytes,
+// in L1 after the first tile) go through every vector tile; each vector's 16
+// row sums wait in memory between groups, which leaves the registers to the
+// tile's integer or partial accumulators. Every (row, vector) runs matvec's
+// float steps in matvec's order, so the bits are matvec's.
+constexpr int32_t kQ8R16Vectors = 64;
+
+template <int NV, class Tile>
+void vector_tile_rest(int32_t rest, int32_t v, const Tile& tile) {
+  if (rest == NV) return tile.template operator()<NV>(v);
+  if constexpr (NV > 1) vector_tile_rest<NV - 1>(rest, v, tile);
+}
+
+template <int NV, class Tile>
+void for_vector_tiles(int32_t n, const Tile& tile) {
+  int32_t v = 0;
+  for (; v + NV <= n; v += NV) tile.template operator()<NV>(v);
+  if constexpr (NV > 1)
+    if (v < n) vector_tile_rest<NV - 1>(n - v, v, tile);
+}
+
+// Blocks of 16 rows, each through every vector in slices of kQ8R16Vectors;
+// `group_step(block, block_scales, g, v0, count, acc)` adds group g to the
+// sums acc[v][16] of vectors [v0, v0 + count).
+template <class GroupStep>
+void q8r16_matmat_blocks(const Matrix& w, int32_t n, float* const* y, int32_t row_begin, int32_t row_end,
+                         const GroupStep& group_step) {
+  const size_t cols4 = q8r16_cols4(w);
+  const int32_t groups = group_count(w.cols, w.group);
+  alignas(16) float acc[kQ8R16Vectors][kQ8R16Rows];
+  for (int32_t b = row_begin / kQ8R16Rows; b * kQ8R16Rows < row_end; ++b) {
+    const std::int8_t* block = static_cast<const std::int8_t*>(w.data) + static_cast<size_t>(b) * kQ8R16Rows * cols4;
+    const float* block_scales = w.scales + static_cast<size_t>(b) * groups * kQ8R16Rows;
+    for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
+      const int32_t count = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
+      std::memset(acc, 0, sizeof(float) * kQ8R16Rows * static_cast<size_t>(count));
+      for (int32_t g = 0; g < groups; ++g) group_step(block, block_scales, g, v0, count, acc);
+      for (int32_t v = 0; v < count; ++v) {
+        float32x4_t sums[4];
+        for (int i = 0; i < 4; ++i) sums[i] = vld1q_f32(acc[v] + 4 * i);
+        q8r16_store(sums, y[v0 + v], b * kQ8R16Rows, row_begin, row_end);
+      }
+    }
+  }
+}
+
+// Tiles of 4 vectors (2 with the residual plane): 16 (or 2 x 8) integer
+// accumulators, 4 weight and 4 activation registers.
+template <bool Residual>
+void q8r16_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                       int32_t row_begin, int32_t row_end) {
+  constexpr int kTile = Residual ? 2 : 4;
+  q8r16_matmat_blocks(w, n, y, row_begin, row_end,
+                      [&](const std::int8_t* block, const float* block_scales, int32_t g, int32_t v0, int32_t count,
+                          float (*acc)[kQ8R16Rows]) {
+    size_t k0, k1;
+    q8r16_group_chunks(w, g, k0, k1);
+    float32x4_t w_scales[4];
+    for (int i = 0; i < 4; ++i) w_scales[i] = vld1q_f32(block_scales + static_cast<size_t>(g) * kQ8R16Rows + 4 * i);
+    for_vector_tiles<kTile>(count, [&]<int NV>(int32_t t0) {
+      const std::int8_t* q[NV];
+      const std::int8_t* residual_q[NV];
+      for (int v = 0; v < NV; ++v) {
+        q[v] = xq[v0 + t0 + v]->q;
+        residual_q[v] = xq[v0 + t0 + v]->residual_q;
+      }
+      int32x4_t dot[NV][4], lo[NV][4];
+      q8r16_dots<Residual, NV>(block, k0, k1, q, residual_q, dot, lo);
+      for (int v = 0; v < NV; ++v) {
+        const ActivationView& a = *xq[v0 + t0 + v];
+        float* sums = acc[t0 + v];
+        float32x4_t s[4];
+        for (int i = 0; i < 4; ++i) s[i] = vld1q_f32(sums + 4 * i);
+        q8r16_scale_step(s, dot[v], w_scales, a.scales[g]);
+        if constexpr (Residual) q8r16_scale_step(s, lo[v], w_scales, a.residual_scales[g]);
+        for (int i = 0; i < 4; ++i) vst1q_f32(sums + 4 * i, s[i]);
+      }
+    });
+  });
+}
+
+// Tiles of 4 vectors: 16 partial accumulators, each chunk's bytes widened
+// once for the tile.
+void q8r16_f32_matmat(const Matrix& w, int32_t n, const float* const* x, float* const* y, int32_t row_begin,
+                      int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
+  q8r16_matmat_blocks(w, n, y, row_begin, row_end,
+                      [&](const std::int8_t* block, const float* block_scales, int32_t g, int32_t v0, int32_t count,
+                          float (*acc)[kQ8R16Rows]) {
+    const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+    float32x4_t w_scales[4];
+    for (int i = 0; i < 4; ++i) w_scales[i] = vld1q_f32(block_scales + static_cast<size_t>(g) * kQ8R16Rows + 4 * i);
+    for_vector_tiles<4>(count, [&]<int NV>(int32_t t0) {
+      const float* xs[NV];
+      for (int v = 0; v < NV; ++v) xs[v] = x[v0 + t0 + v];
+      float32x4_t partial[NV][4];
+      q8r16_f32_group<NV>(block, begin, end, xs, partial);
+      for (int v = 0; v < NV; ++v) {
+        float* sums = acc[t0 + v];
+        for (int i = 0; i < 4; ++i)
+          vst1q_f32(sums + 4 * i, vfmaq_f32(vld1q_f32(sums + 4 * i), partial[v][i], w_scales[i]));
+      }
+    });
+  });
+}
+
 // xq is null (f32 activations) or n views usable with w. What matvec sends to
 // the portable kernel goes to the portable matmat, which matches it.
 void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq, float* const* y,
@@ -420,6 +718,10 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
       if (xq != nullptr && residual) return q8_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
       break;
+    case WeightFormat::Q8R16:
+      if (xq != nullptr && residual) return q8r16_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q8r16_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
+      return q8r16_f32_matmat(w, n, x, y, row_begin, row_end);
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
         if (residual) return q4_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
