@@ -183,6 +183,30 @@ TEST_F(QuantizedFidelity, PrefillInt8FfnPresetStaysWithinTheInt8Bounds) {
   EXPECT_LE(f.mean_kl(), 3e-3);
 }
 
+// int8 files store the multiplied matrices as Q8R16 (the same numbers as Q8,
+// 16 rows interleaved; only the f32 order of the per-group sums differs from
+// the row-major kernels), the embedding as Q8; --plain-q8 keeps Q8 everywhere.
+// Both measure the same against the reference.
+TEST_F(QuantizedFidelity, Q8R16FilesMatchPlainQ8Files) {
+  QuantScheme interleaved = *quant_scheme("int8"), plain = interleaved;
+  plain.interleave_q8 = false;
+  plain.name = "int8-plain";
+  for (const char* fixture : kFixtures) {
+    auto a = Model::load(convert(fixture, interleaved));
+    auto b = Model::load(convert(fixture, plain));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ((*a)->weights().embed.format, WeightFormat::Q8) << fixture;
+    EXPECT_EQ((*b)->weights().layers[0].q.format, WeightFormat::Q8) << fixture;
+    EXPECT_EQ((*a)->weights().layers[0].q.format, WeightFormat::Q8R16) << fixture;
+    EXPECT_EQ((*a)->weights().lm_head.format, (*a)->weights().lm_head.rows % 16 == 0 ? WeightFormat::Q8R16 : WeightFormat::Q8)
+        << fixture;
+  }
+  auto f = measure_scheme(interleaved), g = measure_scheme(plain);
+  EXPECT_LE(std::fabs(f.top1() - g.top1()), 1.5 / static_cast<double>(f.positions));
+  EXPECT_LE(std::fabs(f.mean_abs_dlogit() - g.mean_abs_dlogit()), 2e-4);
+  EXPECT_LE(std::fabs(f.mean_kl() - g.mean_kl()), 2e-5);
+}
+
 TEST_F(QuantizedFidelity, Int4AllIsMeasured) {
   auto f = measure_scheme(*quant_scheme("int4-all"));
   EXPECT_GE(f.top1(), 0.70);
