@@ -54,7 +54,7 @@ const std::array kOptions = {
                Reload::Hot},
     OptionSpec{"max_sessions", &C::max_sessions, 1, 1024, "",
                "Generations that run at once (continuous batching: each scheduler step feeds one token "
-               "of every decoding generation plus one prompt chunk, see prefill_chunk). Each owns a KV "
+               "of every decoding generation plus up to prefill_chunk prompt tokens). Each owns a KV "
                "cache allocated at start.",
                Reload::Hot},
     OptionSpec{"max_queue", &C::max_queue, 0, 100000, "",
@@ -65,16 +65,17 @@ const std::array kOptions = {
                "How long a request may wait in the queue before it gets 503; 0 waits forever.",
                Reload::Hot},
     OptionSpec{"prefill_chunk", &C::prefill_chunk, 1, 65536, "",
-               "Largest prompt chunk per scheduler step (at most 512 tokens are used). Each step feeds "
-               "one token of every decoding generation together with up to this many prompt tokens of "
-               "the oldest generation still prefilling (the others wait their turn), so a long prompt "
-               "delays running streams by at most one chunk per step; larger chunks read each weight "
-               "fewer times per prompt.",
+               "Prompt tokens per scheduler step (at most 512 are used). Each step feeds one token of "
+               "every decoding generation together with up to this many prompt tokens, taken from the "
+               "generations still prefilling, oldest first (short prompts that arrive together share a "
+               "step). A step with a full chunk delays running streams by about that many tokens' "
+               "compute: smaller chunks keep inter-token latency steadier, larger ones give a burst of "
+               "new requests their first token sooner.",
                Reload::Hot},
     OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
                "Threads of the compute team that splits each token's matrix products (the scheduler's own "
-               "thread is one of them). 0 means the cores this process may use; 1 means no team. Default 1: "
-               "the engine's ThreadTeam can still hang under a long decode loop (see docs/SERVER.md).",
+               "thread is one of them). 0 (default) means the cores this process may use (its CPU affinity: "
+               "systemd's CPUAffinity=, taskset); 1 means no team.",
                Reload::Hot},
     OptionSpec{"compute_cores", &C::compute_cores, 0, 0, "",
                "Cores to pin the compute team to, as a comma-separated list (\"2,3\": the scheduler thread on "

@@ -37,8 +37,8 @@ struct Config {
   std::int64_t max_sessions = 4;
   std::int64_t max_queue = 16;
   std::int64_t queue_timeout_ms = 60000;
-  std::int64_t prefill_chunk = 32;
-  std::int64_t compute_threads = 1;
+  std::int64_t prefill_chunk = 64;
+  std::int64_t compute_threads = 0;
   std::string compute_cores;
   std::int64_t stream_buffer_chunks = 1024;
   std::int64_t max_body_bytes = 8 << 20;

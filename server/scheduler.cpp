@@ -186,10 +186,11 @@ void Scheduler::run() {
     for (Job* job : starting) start_job(*job);
 
     // One step, one batched forward pass: the next token of every decoding
-    // session and a prompt chunk of the first prefilling one.
+    // session and up to prefill_chunk prompt tokens, taken from the
+    // prefilling sessions oldest first. Short prompts that arrive together
+    // share a step (and each weight read) instead of waiting a step each.
     items_.clear();
     item_jobs_.clear();
-    Job* prefilling = nullptr;
     std::size_t advanced = 0;
     for (auto& job_ptr : active_) {
       Job& job = *job_ptr;
@@ -198,15 +199,16 @@ void Scheduler::run() {
         finish(job, Finish::Cancelled);
         continue;
       }
-      if (job.prefilling()) {
-        if (prefilling == nullptr) prefilling = &job;
-        continue;
-      }
+      if (job.prefilling()) continue;
       add_decode(job);
       ++advanced;
     }
-    if (prefilling != nullptr) {
-      add_prefill(*prefilling);
+    std::size_t prompt_budget = static_cast<std::size_t>(prefill_chunk_);
+    for (auto& job_ptr : active_) {
+      if (prompt_budget == 0) break;
+      Job& job = *job_ptr;
+      if (job.done || !job.prefilling()) continue;
+      prompt_budget -= add_prefill(job, prompt_budget);
       ++advanced;
     }
     if (!items_.empty()) run_batch();
@@ -238,8 +240,8 @@ void Scheduler::start_job(Job& job) {
     if (pool_[i].get() == job.session) session_request_[i] = &job.spec.request_id;
 }
 
-void Scheduler::add_prefill(Job& job) {
-  const std::size_t n = std::min(static_cast<std::size_t>(prefill_chunk_), job.spec.prompt.size() - job.fed);
+std::size_t Scheduler::add_prefill(Job& job, std::size_t budget) {
+  const std::size_t n = std::min(budget, job.spec.prompt.size() - job.fed);
   for (std::size_t i = job.fed; i < job.fed + n; ++i) {
     // Only the prompt's last token needs logits: they predict the first
     // generated token.
@@ -247,6 +249,7 @@ void Scheduler::add_prefill(Job& job) {
     items_.push_back(BatchItem{job.session, job.spec.prompt[i], logits, Status::Ok()});
     item_jobs_.push_back(&job);
   }
+  return n;
 }
 
 void Scheduler::add_decode(Job& job) {

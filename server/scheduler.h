@@ -39,7 +39,7 @@ struct SchedulerOptions {
   std::int32_t max_queue = 16;
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
   KvCacheType kv_cache = KvCacheType::Auto;  // every session's KV cache element type
-  std::int32_t prefill_chunk = 32;  // prompt tokens per step, at most kMaxPrefillChunk
+  std::int32_t prefill_chunk = 64;  // prompt tokens per step, at most kMaxPrefillChunk
   std::int32_t compute_threads = 1;          // team size; 0 = available cores, 1 = no team
   std::vector<std::int32_t> compute_cores;   // pin the team here (empty: unpinned)
   std::size_t stream_buffer_chunks = 1024;
@@ -89,7 +89,8 @@ class Scheduler {
   void run();
   void start_job(Job& job);
   // Adds the job's next prompt chunk to the step's batch.
-  void add_prefill(Job& job);
+  // Queues up to `budget` of the job's next prompt tokens; returns how many.
+  std::size_t add_prefill(Job& job, std::size_t budget);
   // Samples the job's next token and streams it; adds it to the step's batch
   // unless the generation ends here.
   void add_decode(Job& job);

@@ -108,6 +108,31 @@ TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
   scheduler.stop();
 }
 
+TEST_F(SchedulerTest, ShortPromptsThatArriveTogetherShareAStep) {
+  // prefill_chunk is a budget of prompt tokens per step shared by the
+  // prefilling requests, oldest first: four 6-token prompts queued before the
+  // first step are all fed in it, so the whole run takes one step to prefill
+  // plus one per generated token (and a last one that finishes them), not a
+  // step per prompt.
+  Metrics metrics;
+  SchedulerOptions options;
+  options.max_sessions = 4;
+  options.context = 256;
+  options.prefill_chunk = 24;
+  Scheduler scheduler(model_, options, metrics);
+  std::vector<std::shared_ptr<StreamChannel>> channels;
+  for (std::int32_t i = 0; i < 4; ++i) {
+    auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
+    ASSERT_TRUE(channel.ok());
+    channels.push_back(*channel);
+  }
+  scheduler.start();
+  for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
+  EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
+  EXPECT_LE(metrics.scheduler_steps.value(), 1u + 5u + 1u);
+  scheduler.stop();
+}
+
 TEST_F(SchedulerTest, AShortRequestFinishesWhileALongOneRuns) {
   Metrics metrics;
   SchedulerOptions options;
