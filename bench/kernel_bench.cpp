@@ -74,9 +74,16 @@ constexpr Variant kVariants[] = {
     {WeightFormat::BF16, false, false, "bf16"},        {WeightFormat::Q8, true, false, "q8_int8act"},
     {WeightFormat::Q8, true, true, "q8_int8x2act"},    {WeightFormat::Q8, false, false, "q8_f32act"},
     {WeightFormat::Q4, true, false, "q4_int8act"},     {WeightFormat::Q4, true, true, "q4_int8x2act"},
-    {WeightFormat::Q4, false, false, "q4_f32act"},     {WeightFormat::Q8R16, true, false, "q8r16_int8act"},
+    {WeightFormat::Q4, false, false, "q4_f32act"},
+    {WeightFormat::Q8R16, true, false, "q8r16_int8act"},
     {WeightFormat::Q8R16, true, true, "q8r16_int8x2act"},
+    {WeightFormat::Q8R16, false, false, "q8r16_f32act"},
 };
+
+// Q8 and Q8R16 (the same numbers, rows interleaved) in groups of 64, Q4 of 32.
+std::int32_t group_of(WeightFormat format) {
+  return is_q8(format) ? 64 : format == WeightFormat::Q4 ? 32 : 0;
+}
 
 struct AlignedFree {
   void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{4096}); }
@@ -106,7 +113,7 @@ Pool& pool_for(WeightFormat format, const Shape& shape) {
   static Pool pool;  // one at a time: benchmarks are registered grouped by pool
   if (pool.shape == &shape && pool.format == format) return pool;
   pool = Pool{};
-  const std::int32_t group = is_q8(format) ? 64 : format == WeightFormat::Q4 ? 32 : 0;
+  const std::int32_t group = group_of(format);
   const WeightLayout layout = *weight_layout(format, static_cast<std::uint64_t>(shape.rows),
                                              static_cast<std::uint64_t>(shape.cols), static_cast<std::uint32_t>(group));
   const std::size_t stride = align_up(layout.total_bytes, 4096);
@@ -257,6 +264,7 @@ struct MatmatShape {
 constexpr MatmatShape kMatmatShapes[] = {{"2048x2048", 2048, 2048}, {"1024x2048", 1024, 2048}};
 constexpr Variant kMatmatVariants[] = {
     {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
+    {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"}, {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
     {WeightFormat::Q4, true, false, "q4g32_int8act"}, {WeightFormat::Q4, true, true, "q4g32_int8x2act"},
     {WeightFormat::F32, false, false, "f32"},         {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"},
     {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
@@ -332,7 +340,7 @@ void BM_Matmat(benchmark::State& state, Variant variant, const MatmatShape* shap
     state.SkipWithError("path not supported here");
     return;
   }
-  const std::int32_t group = is_q8(variant.format) ? 64 : variant.format == WeightFormat::Q4 ? 32 : 0;
+  const std::int32_t group = group_of(variant.format);
   const WeightLayout layout = *weight_layout(variant.format, static_cast<std::uint64_t>(shape->rows),
                                              static_cast<std::uint64_t>(shape->cols), static_cast<std::uint32_t>(group));
   AlignedBytes bytes = allocate(align_up(layout.total_bytes, 4096));
