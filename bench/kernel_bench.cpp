@@ -266,8 +266,7 @@ constexpr Variant kMatmatVariants[] = {
     {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
     {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"}, {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
     {WeightFormat::Q4, true, false, "q4g32_int8act"}, {WeightFormat::Q4, true, true, "q4g32_int8x2act"},
-    {WeightFormat::F32, false, false, "f32"},         {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"},
-    {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
+    {WeightFormat::F32, false, false, "f32"},
 };
 
 #if defined(__x86_64__)
