@@ -72,6 +72,13 @@ const std::array kOptions = {
                "compute: smaller chunks keep inter-token latency steadier, larger ones give a burst of "
                "new requests their first token sooner.",
                Reload::Hot},
+    OptionSpec{"prefill_activations", &C::prefill_activations, 0, 0, "same|int8-ffn",
+               "How prompt tokens are multiplied. same: as generated tokens (int8 activations with a "
+               "residual plane), so a prompt gives exactly colibri-run's results. int8-ffn: one int8 plane "
+               "for the FFN gate and up products of prompt tokens (half of an MoE token's arithmetic at "
+               "twice the rate): faster prefill and time to first token, at a measured fidelity cost "
+               "within the int8 bounds (docs/KERNELS.md, 'Prefill modes').",
+               Reload::Hot},
     OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
                "Threads of the compute team that splits each token's matrix products (the scheduler's own "
                "thread is one of them). 0 (default) means the cores this process may use (its CPU affinity: "

@@ -229,6 +229,7 @@ void Scheduler::run() {
 void Scheduler::start_job(Job& job) {
   const std::int32_t vocab = model_->config().vocab;
   job.session->reset();
+  job.session->set_activation_modes(options_.prefill_modes.value_or(ActivationModes{}));
   job.sampler = std::make_unique<Sampler>(job.spec.sampling, vocab);
   job.decoder.emplace(model_->tokenizer());
   job.stops.emplace(job.spec.stop);
@@ -312,6 +313,7 @@ void Scheduler::run_batch() {
       if (prompt) {
         ++job.fed;
         ++prompt_tokens;
+        if (!job.prefilling() && options_.prefill_modes) job.session->set_activation_modes(ActivationModes{});
       }
       continue;
     }

@@ -16,6 +16,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct SchedulerOptions {
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
   KvCacheType kv_cache = KvCacheType::Auto;  // every session's KV cache element type
   std::int32_t prefill_chunk = 64;  // prompt tokens per step, at most kMaxPrefillChunk
+  // Activation modes of a request's prompt tokens (its last one's logits
+  // included), as Session::set_prefill_activation_modes; its generated tokens
+  // use the default modes. Null: the default modes throughout.
+  std::optional<ActivationModes> prefill_modes;
   std::int32_t compute_threads = 1;          // team size; 0 = available cores, 1 = no team
   std::vector<std::int32_t> compute_cores;   // pin the team here (empty: unpinned)
   std::size_t stream_buffer_chunks = 1024;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 
 #include "kernels/kernel_table.h"
@@ -220,27 +221,40 @@ void matmat(const Matrix& w, std::int32_t n, const float* const* x, const Activa
             float* const* y, std::int32_t row_begin, std::int32_t row_end) {
   if (row_begin >= row_end || n <= 0) return;
   const KernelTable& t = table();
+  // A path's matmat takes vectors of one kind: f32, int8 with one plane, or
+  // int8 with two. A batch mixes them when its sessions use different
+  // activation modes (a server prefilling one request in the int8-ffn mode
+  // while others decode), so the vectors are gathered by kind, each kind a
+  // call of its own. Every result is still matvec's, whatever it was
+  // batched with.
+  enum Kind { kF32, kOnePlane, kTwoPlanes, kKinds };
+  ActivationView views[kMatmatChunk];
+  const ActivationView* view_ptrs[kKinds][kMatmatChunk];
+  const float* x_ptrs[kKinds][kMatmatChunk];
+  float* y_ptrs[kKinds][kMatmatChunk];
+  std::int32_t counts[kKinds];
   for (std::int32_t first = 0; first < n; first += kMatmatChunk) {
     const std::int32_t count = std::min(kMatmatChunk, n - first);
-    // A chunk goes to the path's matmat when every vector takes the same kind
-    // of activation (all int8 or all f32); otherwise each vector alone.
-    bool all_int8 = xq != nullptr, any_int8 = false;
-    ActivationView views[kMatmatChunk];
-    const ActivationView* view_ptrs[kMatmatChunk];
+    std::fill(std::begin(counts), std::end(counts), 0);
     for (std::int32_t v = 0; v < count; ++v) {
       const bool int8 = xq != nullptr && uses_int8_activations(w, xq[first + v]);
-      all_int8 = all_int8 && int8;
-      any_int8 = any_int8 || int8;
+      const Kind kind = !int8 ? kF32 : xq[first + v]->residual ? kTwoPlanes : kOnePlane;
       if (int8) views[v] = view_of(*xq[first + v]);
-      view_ptrs[v] = &views[v];
+      const std::int32_t at = counts[kind]++;
+      view_ptrs[kind][at] = &views[v];
+      x_ptrs[kind][at] = x[first + v];
+      y_ptrs[kind][at] = y[first + v];
     }
-    if (t.matmat != nullptr && (all_int8 || !any_int8)) {
-      t.matmat(w, count, x + first, all_int8 ? view_ptrs : nullptr, y + first, row_begin, row_end);
-      continue;
-    }
-    for (std::int32_t v = 0; v < count; ++v) {
-      const bool int8 = xq != nullptr && uses_int8_activations(w, xq[first + v]);
-      t.matvec(w, x[first + v], int8 ? &views[v] : nullptr, y[first + v], row_begin, row_end);
+    for (int kind = 0; kind < kKinds; ++kind) {
+      if (counts[kind] == 0) continue;
+      const ActivationView* const* kind_views = kind == kF32 ? nullptr : view_ptrs[kind];
+      if (t.matmat != nullptr) {
+        t.matmat(w, counts[kind], x_ptrs[kind], kind_views, y_ptrs[kind], row_begin, row_end);
+        continue;
+      }
+      for (std::int32_t v = 0; v < counts[kind]; ++v)
+        t.matvec(w, x_ptrs[kind][v], kind_views != nullptr ? kind_views[v] : nullptr, y_ptrs[kind][v], row_begin,
+                 row_end);
     }
   }
 }

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <unistd.h>
 #include <thread>
 
+#include "format/checkpoint.h"
+#include "format/colibri_writer.h"
 #include "model/model.h"
 #include "runtime/generator.h"
 #include "scheduler.h"
@@ -106,6 +110,82 @@ TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
   EXPECT_GT(metrics.batch_size.count(), 0u);
   EXPECT_EQ(metrics.prompt_tokens.value(), prompt_tokens);
   scheduler.stop();
+}
+
+TEST_F(SchedulerTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
+  // prefill_modes = kPrefillInt8Ffn: each request's prompt (and its last
+  // token's logits) in those modes, its generated tokens in the defaults,
+  // exactly as Session::set_prefill_activation_modes does, whatever the
+  // request is batched with (prompts split across steps, decoding sessions
+  // in the other modes in the same passes).
+  // Activation modes only matter for quantized weights: the fixture as int8.
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("colibri-scheduler-int8-" + std::to_string(::getpid()) + ".colibri");
+  {
+    auto checkpoint = open_checkpoint(std::string(COLIBRI_TEST_DATA_DIR) + "/fixtures/olmoe-tiny");
+    ASSERT_TRUE(checkpoint.ok());
+    ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
+                       checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
+    ASSERT_TRUE(write_colibri(path, input, *quant_scheme("int8")).ok());
+  }
+  auto loaded = Model::load(path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(loaded.ok());
+  const std::shared_ptr<const Model> model = *loaded;
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> p = {39, 68, 423, 78, 278, 260, 11, 12};
+    for (int j = 0; j < 3 * i; ++j) p.push_back(static_cast<std::int32_t>(200 + 7 * i + j));
+    prompts.push_back(p);
+  }
+  // Sampled at temperature 1: the modes' small logit differences move the
+  // sampling thresholds, so the two modes' token streams tell them apart
+  // (greedy tokens on this tiny model are the same in both).
+  SamplingParams sampling;
+  sampling.temperature = 1.0f;
+  sampling.seed = 1234;
+  GenerateOptions options;
+  options.max_tokens = 48;
+  options.ignore_eos = true;
+  options.sampling = sampling;
+  std::vector<GenerateOutput> alone, alone_default;
+  for (const auto& p : prompts) {
+    Session session(model, 256);
+    session.set_prefill_activation_modes(kPrefillInt8Ffn);
+    auto out = generate(session, p, options, {});
+    ASSERT_TRUE(out.ok());
+    alone.push_back(*out);
+    Session plain(model, 256);
+    auto out_default = generate(plain, p, options, {});
+    ASSERT_TRUE(out_default.ok());
+    alone_default.push_back(*out_default);
+  }
+
+  Metrics metrics;
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_sessions = 4;
+  scheduler_options.context = 256;
+  scheduler_options.prefill_chunk = 5;
+  scheduler_options.prefill_modes = kPrefillInt8Ffn;
+  Scheduler scheduler(model, scheduler_options, metrics);
+  scheduler.start();
+  std::vector<std::shared_ptr<StreamChannel>> channels;
+  for (const auto& p : prompts) {
+    GenerationJobSpec spec = job(p, 48);
+    spec.sampling = sampling;
+    auto channel = scheduler.submit(std::move(spec));
+    ASSERT_TRUE(channel.ok());
+    channels.push_back(*channel);
+  }
+  bool any_differs_from_default = false;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(i);
+    auto got = drain(*channels[i]);
+    EXPECT_EQ(got.tokens, alone[i].tokens);
+    any_differs_from_default = any_differs_from_default || alone[i].tokens != alone_default[i].tokens;
+  }
+  scheduler.stop();
+  EXPECT_TRUE(any_differs_from_default) << "the fixture no longer tells the modes apart: the check above proves less";
 }
 
 TEST_F(SchedulerTest, ShortPromptsThatArriveTogetherShareAStep) {

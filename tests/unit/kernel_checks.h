@@ -219,6 +219,54 @@ inline int check_matmat_matches_matvec(int cases, std::uint32_t seed = 2024) {
   return report.failures();
 }
 
+// One matmat over vectors of different kinds (f32, one int8 plane, two
+// planes: what a batch of sessions in different activation modes hands the
+// kernels) gives each vector matvec's bits.
+inline int check_mixed_batches_match_matvec(int cases, std::uint32_t seed = 4242) {
+  Report report("mixed matmat == matvec");
+  std::mt19937 rng(seed);
+  for (WeightFormat format : kFormats) {
+    if (!is_quantized(format)) continue;
+    for (int i = 0; i < cases; ++i) {
+      const Shape s = random_shape(format, rng, 20);
+      const std::int32_t n = std::uniform_int_distribution<std::int32_t>(2, 70)(rng);
+      Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
+      std::vector<std::vector<float>> xs;
+      std::vector<ActivationQ8> xqs(static_cast<std::size_t>(n));
+      std::vector<const float*> x_ptrs;
+      std::vector<const ActivationQ8*> xq_ptrs;
+      std::vector<int> kinds;
+      for (std::int32_t v = 0; v < n; ++v) {
+        xs.push_back(random_vector(s.cols, rng));
+        kinds.push_back(std::uniform_int_distribution<int>(0, 2)(rng));  // f32, one plane, two planes
+        if (kinds.back() > 0)
+          quantize_activation(xs.back().data(), s.cols, s.group, xqs[static_cast<std::size_t>(v)], kinds.back() == 2);
+      }
+      for (std::int32_t v = 0; v < n; ++v) {
+        x_ptrs.push_back(xs[static_cast<std::size_t>(v)].data());
+        xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
+      }
+      std::vector<std::vector<float>> got(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(s.rows)));
+      std::vector<float*> y_ptrs;
+      for (auto& y : got) y_ptrs.push_back(y.data());
+      matmat(w.m, n, x_ptrs.data(), xq_ptrs.data(), y_ptrs.data(), 0, s.rows);
+      std::vector<float> want(static_cast<std::size_t>(s.rows));
+      for (std::int32_t v = 0; v < n; ++v) {
+        matvec(w.m, x_ptrs[static_cast<std::size_t>(v)], xq_ptrs[static_cast<std::size_t>(v)], want.data(), 0, s.rows);
+        for (std::int32_t r = 0; r < s.rows; ++r)
+          if (std::memcmp(&got[static_cast<std::size_t>(v)][static_cast<std::size_t>(r)], &want[static_cast<std::size_t>(r)],
+                          sizeof(float)) != 0)
+            report.fail("%s %dx%d group %d, n %d, vector %d (kind %d) row %d: %.9g, matvec %.9g",
+                        std::string(weight_format_name(format)).c_str(), s.rows, s.cols, s.group, n, v,
+                        kinds[static_cast<std::size_t>(v)], r,
+                        static_cast<double>(got[static_cast<std::size_t>(v)][static_cast<std::size_t>(r)]),
+                        static_cast<double>(want[static_cast<std::size_t>(r)]));
+      }
+    }
+  }
+  return report.failures();
+}
+
 // matvec (the same as matmat per vector, by the check above) against the
 // scalar reference with f32 activations, and against the exact integer
 // product (and the f32 reference, within the quantization error) with int8.

@@ -26,12 +26,13 @@ int main(int argc, char** argv) {
     const int attention = checks::check_attention_matches_reference(cases * 4);
     const int f16 = checks::check_f16_conversion();
     const int q8r16 = checks::check_q8r16_matches_portable(cases);
+    const int mixed = checks::check_mixed_batches_match_matvec(cases);
     auto verdict = [](int n) { return n == 0 ? std::string("ok") : std::to_string(n) + " failures"; };
     std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s, attention (f32, f16 cache) ~ reference: %s, "
-                "f32 -> f16: %s, q8r16 == portable: %s\n",
+                "f32 -> f16: %s, q8r16 == portable: %s, mixed batches: %s\n",
                 std::string(isa_name(isa)).c_str(), verdict(matvec).c_str(), verdict(matmat).c_str(),
-                verdict(attention).c_str(), verdict(f16).c_str(), verdict(q8r16).c_str());
-    failures += matvec + matmat + attention + f16 + q8r16;
+                verdict(attention).c_str(), verdict(f16).c_str(), verdict(q8r16).c_str(), verdict(mixed).c_str());
+    failures += matvec + matmat + attention + f16 + q8r16 + mixed;
   }
   return failures == 0 ? 0 : 1;
 }

@@ -155,6 +155,8 @@ TEST_P(KernelPaths, RowRangesComputeTheSameBitsAndTouchNothingElse) {
 // activation planes, row ranges (kernel_checks.h).
 TEST_P(KernelPaths, MatmatGivesMatvecsBitsForEveryVector) { EXPECT_EQ(checks::check_matmat_matches_matvec(60), 0); }
 
+TEST_P(KernelPaths, MixedBatchesGiveEachVectorMatvecsBits) { EXPECT_EQ(checks::check_mixed_batches_match_matvec(20), 0); }
+
 TEST_P(KernelPaths, Q8R16GivesThePortableDefinitionsBits) { EXPECT_EQ(checks::check_q8r16_matches_portable(30), 0); }
 
 TEST_P(KernelPaths, MatvecOnRandomShapesMatchesReference) { EXPECT_EQ(checks::check_matvec_matches_reference(40), 0); }
