@@ -20,8 +20,10 @@ class HttpServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     std::string error;
+    // Small prompt chunks keep ClosingDuringPrefillFreesItsSession's prompt
+    // prefilling for seconds on any machine (2000 steps).
     server_ = ServerProcess::start({"--grpc-port", "-1", "--max-sessions", "4", "--max-body-bytes", "65536",
-                                    "--disconnect-poll-ms", "50"},
+                                    "--disconnect-poll-ms", "50", "--prefill-chunk", "2"},
                                    error);
     if (!server_) start_error_ = error;
     auto model = Model::load(fixture_dir());
