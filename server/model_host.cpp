@@ -234,11 +234,15 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   const auto settings = service_.settings();
   const Config& config = settings->config;
   spdlog::info("reloading {} ({}): loading and verifying every checksum", config.model, job.reason);
+  // What this attempt starts from. A failed attempt marks this stamp as
+  // tried, not the file's state after the failure: a file replaced during
+  // the load (a truncated model swapped for a good one) must still be tried.
+  const FileStamp before = FileStamp::of(config.model);
   auto loaded = load_generation(config, true, metrics_);
   if (!loaded) {
     const std::string& message = loaded.error().message;
     const bool memory = message.find("not enough memory") != std::string::npos;
-    retarget_watcher(FileStamp::of(config.model));
+    retarget_watcher(before);
     return fail(memory ? reload_error(503, "insufficient_memory", message)
                        : reload_error(422, "model_load_failed", message));
   }
