@@ -3,16 +3,16 @@
 // cancels a consumer who stops reading instead of waiting for it.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
-#include <unistd.h>
 #include <thread>
 
-#include "format/checkpoint.h"
-#include "format/colibri_writer.h"
 #include "model/model.h"
 #include "runtime/generator.h"
 #include "scheduler.h"
+#include "../format/colibri_test_util.h"
 
 namespace colibri::server {
 namespace {
@@ -121,13 +121,7 @@ TEST_F(SchedulerTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
   // Activation modes only matter for quantized weights: the fixture as int8.
   const auto path = std::filesystem::temp_directory_path() /
                     ("colibri-scheduler-int8-" + std::to_string(::getpid()) + ".colibri");
-  {
-    auto checkpoint = open_checkpoint(std::string(COLIBRI_TEST_DATA_DIR) + "/fixtures/olmoe-tiny");
-    ASSERT_TRUE(checkpoint.ok());
-    ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
-                       checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
-    ASSERT_TRUE(write_colibri(path, input, *quant_scheme("int8")).ok());
-  }
+  ASSERT_TRUE(colibri_test::convert_checkpoint(colibri_test::fixture_dir("olmoe-tiny"), path, "int8").ok());
   auto loaded = Model::load(path);
   std::filesystem::remove(path);
   ASSERT_TRUE(loaded.ok());

@@ -20,6 +20,7 @@
 #include "runtime/batch_decoder.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
+#include "../format/colibri_test_util.h"
 
 namespace colibri {
 namespace {
@@ -53,11 +54,7 @@ class BatchDecoderTest : public ::testing::Test {
     if (scheme != "f32") {
       std::filesystem::create_directories(temp_dir());
       path = temp_dir() / (fixture + "-" + scheme + ".colibri");
-      auto checkpoint = open_checkpoint(fixture_dir(fixture));
-      EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
-      ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
-                         checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
-      auto status = write_colibri(path, input, *quant_scheme(scheme));
+      const Status status = colibri_test::convert_checkpoint(fixture_dir(fixture), path, scheme);
       EXPECT_TRUE(status.ok()) << status.error().message;
     }
     auto model = Model::load(path);

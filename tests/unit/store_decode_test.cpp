@@ -19,6 +19,7 @@
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "store/expert_store.h"
+#include "../format/colibri_test_util.h"
 
 namespace colibri {
 namespace {
@@ -42,13 +43,9 @@ std::filesystem::path temp_dir() {
 std::shared_ptr<const Model> convert_and_load(const std::string& fixture, const std::string& scheme) {
   std::filesystem::create_directories(temp_dir());
   const auto path = temp_dir() / (fixture + "-" + scheme + ".colibri");
-  auto checkpoint = open_checkpoint(fixture_dir(fixture));
-  EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
-  if (!checkpoint.ok()) return nullptr;
-  ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
-                     checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
-  auto status = write_colibri(path, input, *quant_scheme(scheme));
+  const Status status = colibri_test::convert_checkpoint(fixture_dir(fixture), path, scheme);
   EXPECT_TRUE(status.ok()) << status.error().message;
+  if (!status.ok()) return nullptr;
   auto model = Model::load(path);
   EXPECT_TRUE(model.ok()) << model.error().message;
   return model.ok() ? *model : nullptr;

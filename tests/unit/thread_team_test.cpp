@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
+#include "../format/colibri_test_util.h"
 
 namespace colibri {
 namespace {
@@ -173,11 +174,7 @@ class TeamSessions : public ::testing::Test {
   static std::filesystem::path convert(const std::string& fixture, const std::string& scheme_name) {
     std::filesystem::create_directories(temp_dir());
     auto out = temp_dir() / (fixture + "-" + scheme_name + ".colibri");
-    auto checkpoint = open_checkpoint(fixture_dir(fixture));
-    EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
-    ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
-                       checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
-    auto status = write_colibri(out, input, *quant_scheme(scheme_name));
+    const Status status = colibri_test::convert_checkpoint(fixture_dir(fixture), out, scheme_name);
     EXPECT_TRUE(status.ok()) << status.error().message;
     return out;
   }

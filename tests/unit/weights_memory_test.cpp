@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "runtime/session.h"
 #include "store/expert_store.h"
+#include "../format/colibri_test_util.h"
 
 namespace colibri {
 namespace {
@@ -35,11 +36,7 @@ class WeightsMemoryTest : public ::testing::Test {
 
   fs::path convert(const std::string& fixture, const std::string& scheme) {
     const fs::path path = dir_ / (fixture + "-" + scheme + ".colibri");
-    auto checkpoint = open_checkpoint(fixture_dir(fixture));
-    EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
-    ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
-                       checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
-    auto status = write_colibri(path, input, *quant_scheme(scheme));
+    const Status status = colibri_test::convert_checkpoint(fixture_dir(fixture), path, scheme);
     EXPECT_TRUE(status.ok()) << status.error().message;
     return path;
   }
