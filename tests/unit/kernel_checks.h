@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -160,6 +161,40 @@ inline Shape random_shape(WeightFormat format, std::mt19937& rng, std::int32_t m
   return s;
 }
 
+// n random vectors of s.cols values (every third three times larger), each
+// with the activations activations_of(v) chooses (quantized with s.group),
+// and the pointer arrays matmat takes.
+struct Batch {
+  std::vector<std::vector<float>> xs;
+  std::vector<ActivationQ8> xqs;
+  std::vector<const float*> x_ptrs;
+  std::vector<const ActivationQ8*> xq_ptrs;
+};
+template <class ActivationsOf>
+inline Batch random_batch(std::int32_t n, const Shape& s, std::mt19937& rng, ActivationsOf activations_of) {
+  Batch b;
+  b.xqs.resize(static_cast<std::size_t>(n));
+  for (std::int32_t v = 0; v < n; ++v) {
+    b.xs.push_back(random_vector(s.cols, rng, v % 3 == 0 ? 3.0f : 1.0f));
+    const Activations acts = activations_of(v);
+    if (acts != Activations::F32)
+      quantize_activation(b.xs.back().data(), s.cols, s.group, b.xqs[static_cast<std::size_t>(v)],
+                          acts == Activations::Int8Residual);
+  }
+  for (std::int32_t v = 0; v < n; ++v) {
+    b.x_ptrs.push_back(b.xs[static_cast<std::size_t>(v)].data());
+    b.xq_ptrs.push_back(&b.xqs[static_cast<std::size_t>(v)]);
+  }
+  return b;
+}
+
+// Case i's rows: all of them for even i, a random range for odd i.
+inline std::pair<std::int32_t, std::int32_t> case_rows(int i, std::int32_t rows, std::mt19937& rng) {
+  if (i % 2 == 0) return {0, rows};
+  const std::int32_t begin = std::uniform_int_distribution<std::int32_t>(0, rows - 1)(rng);
+  return {begin, std::uniform_int_distribution<std::int32_t>(begin + 1, rows)(rng)};
+}
+
 // matmat gives, for every vector, exactly matvec's bits, writes only its row
 // range, and works for any number of vectors (more than kMatmatChunk too).
 // `cases` random shapes per format and activation kind.
@@ -174,26 +209,11 @@ inline int check_matmat_matches_matvec(int cases, std::uint32_t seed = 2024) {
         const Shape s = random_shape(format, rng, 11);
         const std::int32_t n = kCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kCounts) - 1)(rng)];
         Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
-        std::vector<std::vector<float>> xs;
-        std::vector<ActivationQ8> xqs(static_cast<std::size_t>(n));
-        std::vector<const float*> x_ptrs;
-        std::vector<const ActivationQ8*> xq_ptrs;
-        for (std::int32_t v = 0; v < n; ++v) {
-          xs.push_back(random_vector(s.cols, rng, v % 3 == 0 ? 3.0f : 1.0f));
-          if (acts != Activations::F32)
-            quantize_activation(xs.back().data(), s.cols, s.group, xqs[static_cast<std::size_t>(v)],
-                                acts == Activations::Int8Residual);
-        }
-        for (std::int32_t v = 0; v < n; ++v) {
-          x_ptrs.push_back(xs[static_cast<std::size_t>(v)].data());
-          xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
-        }
+        const Batch batch = random_batch(n, s, rng, [&](std::int32_t) { return acts; });
+        const auto& x_ptrs = batch.x_ptrs;
+        const auto& xq_ptrs = batch.xq_ptrs;
         // Every other case computes a random row range only.
-        std::int32_t begin = 0, end = s.rows;
-        if (i % 2 == 1) {
-          begin = std::uniform_int_distribution<std::int32_t>(0, s.rows - 1)(rng);
-          end = std::uniform_int_distribution<std::int32_t>(begin + 1, s.rows)(rng);
-        }
+        const auto [begin, end] = case_rows(i, s.rows, rng);
         constexpr float kUntouched = -7.25f;
         std::vector<std::vector<float>> got(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(s.rows), kUntouched));
         std::vector<float*> y_ptrs;
@@ -231,21 +251,13 @@ inline int check_mixed_batches_match_matvec(int cases, std::uint32_t seed = 4242
       const Shape s = random_shape(format, rng, 20);
       const std::int32_t n = std::uniform_int_distribution<std::int32_t>(2, 70)(rng);
       Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
-      std::vector<std::vector<float>> xs;
-      std::vector<ActivationQ8> xqs(static_cast<std::size_t>(n));
-      std::vector<const float*> x_ptrs;
-      std::vector<const ActivationQ8*> xq_ptrs;
-      std::vector<int> kinds;
-      for (std::int32_t v = 0; v < n; ++v) {
-        xs.push_back(random_vector(s.cols, rng));
-        kinds.push_back(std::uniform_int_distribution<int>(0, 2)(rng));  // f32, one plane, two planes
-        if (kinds.back() > 0)
-          quantize_activation(xs.back().data(), s.cols, s.group, xqs[static_cast<std::size_t>(v)], kinds.back() == 2);
-      }
-      for (std::int32_t v = 0; v < n; ++v) {
-        x_ptrs.push_back(xs[static_cast<std::size_t>(v)].data());
-        xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
-      }
+      std::vector<int> kinds;  // 0 f32, 1 one plane, 2 two planes
+      const Batch batch = random_batch(n, s, rng, [&](std::int32_t) {
+        kinds.push_back(std::uniform_int_distribution<int>(0, 2)(rng));
+        return kinds.back() == 0 ? Activations::F32 : kinds.back() == 1 ? Activations::Int8 : Activations::Int8Residual;
+      });
+      const auto& x_ptrs = batch.x_ptrs;
+      const auto& xq_ptrs = batch.xq_ptrs;
       std::vector<std::vector<float>> got(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(s.rows)));
       std::vector<float*> y_ptrs;
       for (auto& y : got) y_ptrs.push_back(y.data());
@@ -346,25 +358,10 @@ inline int check_q8r16_matches_portable(int cases, std::uint32_t seed = 1616) {
       if (i == 0) s.cols = 2048;
       const std::int32_t n = kCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kCounts) - 1)(rng)];
       Weights w = make_weights(WeightFormat::Q8R16, s.rows, s.cols, s.group, rng);
-      std::vector<std::vector<float>> xs;
-      std::vector<ActivationQ8> xqs(static_cast<std::size_t>(n));
-      std::vector<const float*> x_ptrs;
-      std::vector<const ActivationQ8*> xq_ptrs;
-      for (std::int32_t v = 0; v < n; ++v) {
-        xs.push_back(random_vector(s.cols, rng, v % 3 == 0 ? 3.0f : 1.0f));
-        if (acts != Activations::F32)
-          quantize_activation(xs.back().data(), s.cols, s.group, xqs[static_cast<std::size_t>(v)],
-                              acts == Activations::Int8Residual);
-      }
-      for (std::int32_t v = 0; v < n; ++v) {
-        x_ptrs.push_back(xs[static_cast<std::size_t>(v)].data());
-        xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
-      }
-      std::int32_t begin = 0, end = s.rows;
-      if (i % 2 == 1) {
-        begin = std::uniform_int_distribution<std::int32_t>(0, s.rows - 1)(rng);
-        end = std::uniform_int_distribution<std::int32_t>(begin + 1, s.rows)(rng);
-      }
+      const Batch batch = random_batch(n, s, rng, [&](std::int32_t) { return acts; });
+      const auto& x_ptrs = batch.x_ptrs;
+      const auto& xq_ptrs = batch.xq_ptrs;
+      const auto [begin, end] = case_rows(i, s.rows, rng);
       auto run = [&](Isa isa) {
         force_isa(isa);
         std::vector<std::vector<float>> y(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(s.rows), -7.25f));
