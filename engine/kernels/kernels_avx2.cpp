@@ -474,6 +474,17 @@ __m256i broadcast4(const std::int8_t* p) {
   return _mm256_set1_epi32(value);
 }
 
+// dot += the 4-column products of 8 rows (their weights w, |w| given) with
+// 4 activations broadcast to every lane; exact in int32.
+__m256i q8r16_dot4(__m256i dot, __m256i w, __m256i magnitude, __m256i x, __m256i ones) {
+  return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w)), ones));
+}
+
+// The scale product is rounded on its own, then one fused step: std::fma(d, ws * xs, acc).
+__m256 q8r16_scale_step(__m256 acc, __m256i dot, __m256 w_scale, float x_scale) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w_scale, _mm256_set1_ps(x_scale)), acc);
+}
+
 // int8 activations, with the sign trick of q8_int8_matvec. Columns past
 // `cols` up to the chunk's end are zero in the weights (and in q, which is
 // zero-padded to 128), so whole chunks are exact.
@@ -512,27 +523,20 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
               const __m256i magnitude = _mm256_abs_epi8(wv);
 #pragma GCC unroll 4
               for (int v = 0; v < NV; ++v) {
-                const __m256i xv = broadcast4(xs[v0 + v]->q + c);
-                dot[v][h] = _mm256_add_epi32(dot[v][h], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xv, wv)), ones));
-                if constexpr (Residual) {
-                  const __m256i xl = broadcast4(xs[v0 + v]->residual_q + c);
-                  lo[v][h] = _mm256_add_epi32(lo[v][h], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xl, wv)), ones));
-                }
+                dot[v][h] = q8r16_dot4(dot[v][h], wv, magnitude, broadcast4(xs[v0 + v]->q + c), ones);
+                if constexpr (Residual)
+                  lo[v][h] = q8r16_dot4(lo[v][h], wv, magnitude, broadcast4(xs[v0 + v]->residual_q + c), ones);
               }
             }
           }
-          // The scale product is rounded on its own, then one fused step: std::fma(d, ws * xs, acc).
 #pragma GCC unroll 4
           for (int v = 0; v < NV; ++v) {
             const ActivationView& a = *xs[v0 + v];
             Q8R16Sums& sums = acc[v0 + v];
             for (int h = 0; h < 2; ++h) {
               const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
-              sums.half[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[v][h]),
-                                             _mm256_mul_ps(w_scale, _mm256_set1_ps(a.scales[g])), sums.half[h]);
-              if constexpr (Residual)
-                sums.half[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[v][h]),
-                                               _mm256_mul_ps(w_scale, _mm256_set1_ps(a.residual_scales[g])), sums.half[h]);
+              sums.half[h] = q8r16_scale_step(sums.half[h], dot[v][h], w_scale, a.scales[g]);
+              if constexpr (Residual) sums.half[h] = q8r16_scale_step(sums.half[h], lo[v][h], w_scale, a.residual_scales[g]);
             }
           }
         });
@@ -586,9 +590,8 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* xq, float* y, int
           for (int h = 0; h < 2; ++h) {
             const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
             const __m256i magnitude = _mm256_abs_epi8(wv);
-            dot[k][h] = _mm256_add_epi32(dot[k][h], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xv, wv)), ones));
-            if constexpr (Residual)
-              lo[k][h] = _mm256_add_epi32(lo[k][h], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xl, wv)), ones));
+            dot[k][h] = q8r16_dot4(dot[k][h], wv, magnitude, xv, ones);
+            if constexpr (Residual) lo[k][h] = q8r16_dot4(lo[k][h], wv, magnitude, xl, ones);
           }
         }
       }
@@ -596,11 +599,8 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* xq, float* y, int
         const float* ws = block_scales[k] + static_cast<size_t>(g) * kQ8R16Rows;
         for (int h = 0; h < 2; ++h) {
           const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
-          acc[k].half[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[k][h]), _mm256_mul_ps(w_scale, _mm256_set1_ps(a.scales[g])),
-                                           acc[k].half[h]);
-          if constexpr (Residual)
-            acc[k].half[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[k][h]),
-                                             _mm256_mul_ps(w_scale, _mm256_set1_ps(a.residual_scales[g])), acc[k].half[h]);
+          acc[k].half[h] = q8r16_scale_step(acc[k].half[h], dot[k][h], w_scale, a.scales[g]);
+          if constexpr (Residual) acc[k].half[h] = q8r16_scale_step(acc[k].half[h], lo[k][h], w_scale, a.residual_scales[g]);
         }
       }
     }
