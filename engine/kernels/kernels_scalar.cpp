@@ -72,19 +72,18 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std
 // the definition, and without -mfma a*b+c would round twice.
 
 struct Q8R16Row {
-  const std::int8_t* values;  // the row's block; column c of the row is at values[(c/4)*64 + c%4]
-  const float* scales;        // scales[g * 16]
+  const std::int8_t* values;  // column c at values[q8r16_column_offset(c)]
+  const float* scales;        // group g at scales[g * 16]
 };
 
 Q8R16Row q8r16_row(const Matrix& w, std::int32_t r) {
   const std::size_t groups = static_cast<std::size_t>(group_count(w.cols, w.group));
-  const std::size_t block = static_cast<std::size_t>(r) / kQ8R16Rows, lane = static_cast<std::size_t>(r) % kQ8R16Rows;
-  const std::size_t cols4 = (static_cast<std::size_t>(w.cols) + 3) / 4 * 4;
-  return {static_cast<const std::int8_t*>(w.data) + block * kQ8R16Rows * cols4 + lane * 4,
-          w.scales + block * groups * kQ8R16Rows + lane};
+  const auto row = static_cast<std::size_t>(r);
+  return {static_cast<const std::int8_t*>(w.data) + q8r16_row_offset(static_cast<std::size_t>(w.cols), row),
+          w.scales + q8r16_scale_index(groups, row, 0)};
 }
 
-inline int q8r16_value(const Q8R16Row& row, std::size_t c) { return row.values[(c / 4) * 4 * kQ8R16Rows + c % 4]; }
+inline int q8r16_value(const Q8R16Row& row, std::size_t c) { return row.values[q8r16_column_offset(c)]; }
 
 float q8r16_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
   const Q8R16Row row = q8r16_row(w, r);

@@ -38,19 +38,17 @@ void quantize_q8_row(const float* row, std::int32_t cols, std::int32_t group, st
 void quantize_q8r16(std::int32_t rows, std::int32_t cols, std::int32_t group, const float* src,
                     std::uint8_t* out, const WeightLayout& layout) {
   const std::int32_t groups = (cols + group - 1) / group;
-  const std::size_t cols4 = align_up(static_cast<std::size_t>(cols), 4);
   std::vector<std::int8_t> q(static_cast<std::size_t>(cols));
   std::vector<float> row_scales(static_cast<std::size_t>(groups));
   auto* values = reinterpret_cast<std::int8_t*>(out);
   auto* scales = reinterpret_cast<float*>(out + layout.scales_offset);
   for (std::int32_t r = 0; r < rows; ++r) {
     quantize_q8_row(src + static_cast<std::size_t>(r) * cols, cols, group, q.data(), row_scales.data());
-    const std::size_t block = static_cast<std::size_t>(r / kQ8R16Rows), lane = static_cast<std::size_t>(r % kQ8R16Rows);
-    std::int8_t* block_values = values + block * kQ8R16Rows * cols4;
-    for (std::size_t c = 0; c < static_cast<std::size_t>(cols); ++c)
-      block_values[(c / 4) * 4 * kQ8R16Rows + lane * 4 + c % 4] = q[c];
+    std::int8_t* row_values = values + q8r16_row_offset(static_cast<std::size_t>(cols), static_cast<std::size_t>(r));
+    for (std::size_t c = 0; c < static_cast<std::size_t>(cols); ++c) row_values[q8r16_column_offset(c)] = q[c];
     for (std::int32_t g = 0; g < groups; ++g)
-      scales[(block * groups + static_cast<std::size_t>(g)) * kQ8R16Rows + lane] = row_scales[static_cast<std::size_t>(g)];
+      scales[q8r16_scale_index(static_cast<std::size_t>(groups), static_cast<std::size_t>(r), static_cast<std::size_t>(g))] =
+          row_scales[static_cast<std::size_t>(g)];
   }
 }
 
@@ -157,11 +155,10 @@ void dequantize_row(const Matrix& m, std::int32_t row, float* out) {
     }
     case WeightFormat::Q8R16: {
       const std::size_t groups = (cols + m.group - 1) / m.group;
-      const std::size_t block = static_cast<std::size_t>(row) / kQ8R16Rows, lane = static_cast<std::size_t>(row) % kQ8R16Rows;
-      const auto* values = reinterpret_cast<const std::int8_t*>(bytes) + block * kQ8R16Rows * align_up(cols, 4);
-      const float* scales = m.scales + block * groups * kQ8R16Rows + lane;
+      const auto* values = reinterpret_cast<const std::int8_t*>(bytes) + q8r16_row_offset(cols, static_cast<std::size_t>(row));
       for (std::size_t c = 0; c < cols; ++c)
-        out[c] = scales[(c / m.group) * kQ8R16Rows] * values[(c / 4) * 4 * kQ8R16Rows + lane * 4 + c % 4];
+        out[c] = m.scales[q8r16_scale_index(groups, static_cast<std::size_t>(row), c / m.group)] *
+                 values[q8r16_column_offset(c)];
       return;
     }
     case WeightFormat::Q4: {

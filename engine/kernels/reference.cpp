@@ -44,14 +44,12 @@ void matvec(const Matrix& w, const float* x, float* y) {
         break;
       }
       case WeightFormat::Q8R16: {
-        const std::size_t block = r / kQ8R16Rows, lane = r % kQ8R16Rows;
-        const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + block * kQ8R16Rows * align_up(cols, 4) + lane * 4;
-        const float* scales = w.scales + block * groups * kQ8R16Rows + lane;
+        const auto* q = reinterpret_cast<const std::int8_t*>(bytes) + q8r16_row_offset(cols, r);
         for (std::size_t g = 0; g < groups; ++g) {
           const std::size_t begin = g * w.group, end = std::min(cols, begin + w.group);
           float partial = 0.0f;
-          for (std::size_t c = begin; c < end; ++c) partial += static_cast<float>(q[(c / 4) * 4 * kQ8R16Rows + c % 4]) * x[c];
-          sum += scales[g * kQ8R16Rows] * partial;
+          for (std::size_t c = begin; c < end; ++c) partial += static_cast<float>(q[q8r16_column_offset(c)]) * x[c];
+          sum += w.scales[q8r16_scale_index(groups, r, g)] * partial;
         }
         break;
       }

@@ -46,6 +46,17 @@ inline std::size_t align_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
+// Q8R16 element positions, counted from the start of each plane: row r's
+// value of column c is at q8r16_row_offset(cols, r) + q8r16_column_offset(c),
+// its scale of group g at q8r16_scale_index(groups, r, g).
+inline std::size_t q8r16_row_offset(std::size_t cols, std::size_t r) {
+  return r / kQ8R16Rows * kQ8R16Rows * align_up(cols, 4) + r % kQ8R16Rows * 4;
+}
+inline std::size_t q8r16_column_offset(std::size_t c) { return c / 4 * 4 * kQ8R16Rows + c % 4; }
+inline std::size_t q8r16_scale_index(std::size_t groups, std::size_t r, std::size_t g) {
+  return (r / kQ8R16Rows * groups + g) * kQ8R16Rows + r % kQ8R16Rows;
+}
+
 // nullopt when the sizes overflow or the group size is invalid for the format.
 std::optional<WeightLayout> weight_layout(WeightFormat format, std::uint64_t rows, std::uint64_t cols,
                                           std::uint32_t group);

@@ -60,12 +60,9 @@ inline std::vector<float> random_vector(std::int32_t n, std::mt19937& rng, float
 
 inline int code_at(const Matrix& m, std::int32_t r, std::int32_t c) {
   const auto* bytes = static_cast<const std::uint8_t*>(m.data);
-  if (m.format == WeightFormat::Q8R16) {
-    const std::size_t cols4 = (static_cast<std::size_t>(m.cols) + 3) / 4 * 4;
-    const std::size_t block = static_cast<std::size_t>(r) / kQ8R16Rows, lane = static_cast<std::size_t>(r) % kQ8R16Rows;
-    const std::size_t at = block * kQ8R16Rows * cols4 + (static_cast<std::size_t>(c) / 4) * 4 * kQ8R16Rows + lane * 4 + c % 4;
-    return reinterpret_cast<const std::int8_t*>(bytes)[at];
-  }
+  if (m.format == WeightFormat::Q8R16)
+    return reinterpret_cast<const std::int8_t*>(bytes)[q8r16_row_offset(static_cast<std::size_t>(m.cols), static_cast<std::size_t>(r)) +
+                                                       q8r16_column_offset(static_cast<std::size_t>(c))];
   if (m.format == WeightFormat::Q8)
     return reinterpret_cast<const std::int8_t*>(bytes)[static_cast<std::size_t>(r) * m.cols + c];
   const std::uint8_t byte = bytes[static_cast<std::size_t>(r) * ((m.cols + 1) / 2) + c / 2];
@@ -76,8 +73,7 @@ inline int code_at(const Matrix& m, std::int32_t r, std::int32_t c) {
 inline float scale_at(const Matrix& m, const float* plane, std::int32_t r, std::int32_t g) {
   const std::size_t groups = static_cast<std::size_t>((m.cols + m.group - 1) / m.group);
   if (m.format == WeightFormat::Q8R16)
-    return plane[(static_cast<std::size_t>(r) / kQ8R16Rows * groups + static_cast<std::size_t>(g)) * kQ8R16Rows +
-                 static_cast<std::size_t>(r) % kQ8R16Rows];
+    return plane[q8r16_scale_index(groups, static_cast<std::size_t>(r), static_cast<std::size_t>(g))];
   return plane[static_cast<std::size_t>(r) * groups + static_cast<std::size_t>(g)];
 }
 
