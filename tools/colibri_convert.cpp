@@ -7,6 +7,7 @@
 
 #include "format/checkpoint.h"
 #include "format/colibri_writer.h"
+#include "layout_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -24,7 +25,8 @@ int main(int argc, char** argv) {
       "  f16, bf16, f32  every matrix in that type; router, norms and biases f32\n"};
   std::string input, output, quant = "int8";
   int group = 64, group4 = 32, num_experts = 0;
-  bool huge_align = false, no_progress = false, plain_q8 = false;
+  bool no_progress = false;
+  colibri_tools::LayoutFlags layout;
   app.add_option("-i,--input", input, "Hugging Face model directory or .gguf file")->required();
   app.add_option("-o,--output", output, "The .colibri file to write")->required();
   app.add_option("-q,--quant", quant, "int8, int4, int4-all, f16, bf16 or f32")->capture_default_str();
@@ -35,10 +37,7 @@ int main(int argc, char** argv) {
   app.add_option("--num-experts", num_experts,
                  "Override the number of experts (for a config.json that lacks it)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--plain-q8", plain_q8,
-               "Store int8 matrices row by row (Q8) instead of 16 rows interleaved (Q8R16): for colibri "
-               "releases older than Q8R16; the kernels are slower on it");
-  app.add_flag("--align-2m", huge_align, "Align expert blocks to 2 MiB (huge pages) instead of 4 KiB");
+  layout.add(app);
   app.add_flag("--no-progress", no_progress, "Do not draw a progress bar");
   CLI11_PARSE(app, argc, argv);
 
@@ -49,7 +48,6 @@ int main(int argc, char** argv) {
   }
   scheme->q8_group = group;
   scheme->q4_group = group4;
-  scheme->interleave_q8 = !plain_q8;
   auto checkpoint = colibri::open_checkpoint(input, num_experts);
   if (!checkpoint) {
     std::fprintf(stderr, "colibri-convert: %s\n", checkpoint.error().message.c_str());
@@ -60,7 +58,7 @@ int main(int argc, char** argv) {
                                 checkpoint->tokenizer_config_json, checkpoint->kind,
                                 checkpoint->source.get()};
   colibri::WriteOptions options;
-  options.expert_alignment = huge_align ? (2u << 20) : 4096;
+  layout.apply(*scheme, options);
   const bool draw = !no_progress && ::isatty(STDERR_FILENO);
   options.progress = [draw](std::size_t done, std::size_t total) {
     if (!draw) return;

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "format/colibri_writer.h"
+#include "layout_flags.h"
 #include "model/model_config.h"
 #include "synth/random_source.h"
 #include "synth/shapes.h"
@@ -45,7 +46,8 @@ int main(int argc, char** argv) {
   std::int32_t layers = 0;
   std::uint64_t seed = 1;
   float weight_std = 0.02f;
-  bool huge_align = false, no_progress = false, plain_q8 = false;
+  bool no_progress = false;
+  colibri_tools::LayoutFlags layout;
   app.add_option("shape", shape_name, "Model shape (see above)")->required();
   app.add_option("--layers", layers, "Keep only the first N layers (default: all)")->check(CLI::PositiveNumber);
   app.add_option("-q,--quant", quant,
@@ -56,10 +58,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
   app.add_option("-o,--out", out, "Output file (default /tmp/colibri-synth/SHAPE[-LN]-QUANT.colibri)");
-  app.add_flag("--plain-q8", plain_q8,
-               "Store int8 matrices row by row (Q8) instead of 16 rows interleaved (Q8R16): for colibri "
-               "releases older than Q8R16; the kernels are slower on it");
-  app.add_flag("--align-2m", huge_align, "Align expert blocks to 2 MiB (huge pages) instead of 4 KiB");
+  layout.add(app);
   app.add_flag("--no-progress", no_progress, "Do not draw a progress bar");
   CLI11_PARSE(app, argc, argv);
 
@@ -67,7 +66,6 @@ int main(int argc, char** argv) {
   if (shape == nullptr) return fail("unknown shape '" + shape_name + "' (see --help for the list)");
   auto scheme = colibri::quant_scheme(quant);
   if (!scheme) return fail(scheme.error().message);
-  scheme->interleave_q8 = !plain_q8;
   auto config_json = colibri::synth::shape_config_json(*shape, layers);
   if (!config_json) return fail(config_json.error().message);
   auto config = colibri::parse_hf_config(*config_json, std::string(shape->name));
@@ -90,7 +88,7 @@ int main(int argc, char** argv) {
   const colibri::ConvertInput input{*config, *config_json, tokenizer->tokenizer_json,
                                     tokenizer->tokenizer_config_json, "synthetic", &source};
   colibri::WriteOptions options;
-  options.expert_alignment = huge_align ? (2u << 20) : 4096;
+  layout.apply(*scheme, options);
   const bool draw = !no_progress && ::isatty(STDERR_FILENO);
   options.progress = [draw](std::size_t done, std::size_t total) {
     if (!draw) return;

@@ -38,10 +38,11 @@ WeightFormat QuantScheme::format_for(TensorRole role) const {
 
 WeightFormat QuantScheme::stored_format(TensorRole role, std::int32_t rows, std::int32_t cols) const {
   const WeightFormat format = format_for(role);
-  if (format == WeightFormat::Q8 && interleave_q8 && role != TensorRole::Embedding &&
-      q8r16_fits(static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols),
-                 static_cast<std::uint32_t>(group_for(role, cols))))
-    return WeightFormat::Q8R16;
+  if (!interleave || role == TensorRole::Embedding) return format;
+  const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
+  const auto group = static_cast<std::uint32_t>(group_for(role, cols));
+  if (format == WeightFormat::Q8 && q8r16_fits(r, c, group)) return WeightFormat::Q8R16;
+  if (format == WeightFormat::Q4 && q4r16_fits(r, c, group)) return WeightFormat::Q4R16;
   return format;
 }
 

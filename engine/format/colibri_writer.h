@@ -28,14 +28,15 @@ struct QuantScheme {
   std::int32_t q8_group = 64;
   std::int32_t q4_group = 32;
   std::int32_t embedding_group = 0;  // Q8 embedding rows: 0 means one scale per row
-  // Q8 matrices the forward pass multiplies (all but the embedding, which is
-  // read a row at a time) are stored as Q8R16 where their shape allows:
-  // the same numbers, laid out for 16-row kernels (weight_format.h).
-  bool interleave_q8 = true;
+  // Q8 and Q4 matrices the forward pass multiplies (all but the embedding,
+  // which is read a row at a time) are stored as Q8R16 and Q4R16 where their
+  // shape allows: laid out for 16-row kernels (weight_format.h); Q8R16 holds
+  // Q8's numbers exactly, Q4R16 rounds Q4's scales and minimums to f16.
+  bool interleave = true;
 
   WeightFormat format_for(TensorRole role) const;
   // What a [rows, cols] tensor of this role is stored as: format_for, with Q8
-  // turned into Q8R16 as described above.
+  // and Q4 turned into Q8R16 and Q4R16 as described above.
   WeightFormat stored_format(TensorRole role, std::int32_t rows, std::int32_t cols) const;
   std::int32_t group_for(TensorRole role, std::int32_t cols) const;
 };

@@ -689,6 +689,8 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
       if (xq != nullptr && xq->residual_q != nullptr) return q8r16_int8_streams<true>(w, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8_streams<false>(w, xq, y, row_begin, row_end);
       return q8r16_f32(w, 1, &x, &y, row_begin, row_end);
+    case WeightFormat::Q4R16:  // the portable kernel until this path has its own
+      break;
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
         if (xq->residual_q != nullptr) return q4_int8_matvec<true>(w, *xq, y, row_begin, row_end);
@@ -1079,6 +1081,8 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
       if (xq != nullptr && residual) return q8r16_int8<true>(w, n, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8<false>(w, n, xq, y, row_begin, row_end);
       return q8r16_f32(w, n, x, y, row_begin, row_end);
+    case WeightFormat::Q4R16:  // the portable kernel until this path has its own
+      break;
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
         if (residual) return q4_int8_matmat<true>(w, n, xq, y, row_begin, row_end);

@@ -514,26 +514,34 @@ __mmask16 q8r16_store_mask(int32_t r0, int32_t row_begin, int32_t row_end) {
   return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
-// Blocks covering [row_begin, row_end), tiles of up to NV vectors per block;
+// Blocks of 16 rows covering [row_begin, row_end), tiles of up to NV vectors
+// per block: block(b, v0, nv, acc) computes block b for vectors v0..v0+nv;
 // lanes outside the range are computed and not stored.
 template <int NV, class Block>
-void q8r16_blocks(const Matrix& w, int32_t n, float* const* y, int32_t row_begin, int32_t row_end,
-                  const Block& block) {
-  const size_t cols4 = (static_cast<size_t>(w.cols) + 3) / 4 * 4;
-  const int32_t groups = group_count(w.cols, w.group);
-  const auto* base = static_cast<const std::int8_t*>(w.data);
+void r16_blocks(int32_t n, float* const* y, int32_t row_begin, int32_t row_end, const Block& block) {
   for (int32_t r0 = row_begin / kQ8R16Rows * kQ8R16Rows; r0 < row_end; r0 += kQ8R16Rows) {
-    const size_t b = static_cast<size_t>(r0 / kQ8R16Rows);
     const __mmask16 store = q8r16_store_mask(r0, row_begin, row_end);
-    const std::int8_t* values = base + b * kQ8R16Rows * cols4;
-    const float* scales = w.scales + b * static_cast<size_t>(groups) * kQ8R16Rows;
     for (int32_t v0 = 0; v0 < n; v0 += NV) {
       __m512 acc[NV];
       const int32_t nv = n - v0 < NV ? n - v0 : NV;
-      block(values, scales, groups, v0, nv, acc);
+      block(r0 / kQ8R16Rows, v0, nv, acc);
       for (int32_t v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y[v0 + v] + r0, store, acc[v]);
     }
   }
+}
+
+// The blocks first..first+blocks-1 split into S runs read side by side
+// (kernel.template operator()<S>(indices of S blocks, one per run)), then the
+// blocks left over one at a time (operator()<1>).
+template <int S, class Kernel>
+void r16_blocks_side_by_side(int32_t first, int32_t blocks, const Kernel& kernel) {
+  const int32_t run = blocks / S;
+  for (int32_t i = 0; i < run; ++i) {
+    int32_t b[S];
+    for (int k = 0; k < S; ++k) b[k] = first + k * run + i;
+    kernel.template operator()<S>(b);
+  }
+  for (int32_t b = first + S * run; b < first + blocks; ++b) kernel.template operator()<1>(&b);
 }
 
 // Dispatches a runtime tile width 1..NV to the block kernel instantiated for it.
@@ -557,40 +565,40 @@ constexpr int kQ8R16Streams = 2;
 // few tokens each and are streamed from memory like a matrix-vector product.
 constexpr int kQ8R16StreamVectors = 4;
 
+struct Q8R16Blocks {
+  const std::int8_t* base;
+  const float* scales;
+  size_t block_bytes, block_scales;
+  Q8R16Blocks(const Matrix& w, int32_t groups)
+      : base(static_cast<const std::int8_t*>(w.data)),
+        scales(w.scales),
+        block_bytes(kQ8R16Rows * ((static_cast<size_t>(w.cols) + 3) / 4 * 4)),
+        block_scales(static_cast<size_t>(groups) * kQ8R16Rows) {}
+  const std::int8_t* values_of(int32_t b) const { return base + static_cast<size_t>(b) * block_bytes; }
+  const float* scales_of(int32_t b) const { return scales + static_cast<size_t>(b) * block_scales; }
+};
+
 template <bool Residual, int NV>
 void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float* const* y, int32_t row_begin,
                         int32_t row_end) {
   const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
-  const size_t cols4 = (cols + 3) / 4 * 4;
   const int32_t groups = group_count(w.cols, w.group);
-  const auto* base = static_cast<const std::int8_t*>(w.data);
+  const Q8R16Blocks at(w, groups);
   const int32_t first = row_begin / kQ8R16Rows, blocks = (row_end - 1) / kQ8R16Rows - first + 1;
-  const int32_t run = blocks / kQ8R16Streams;
-  auto values_of = [&](int32_t b) { return base + static_cast<size_t>(b) * kQ8R16Rows * cols4; };
-  auto scales_of = [&](int32_t b) { return w.scales + static_cast<size_t>(b) * static_cast<size_t>(groups) * kQ8R16Rows; };
-  auto store = [&](int32_t b, const __m512* acc) {
-    const int32_t r0 = b * kQ8R16Rows;
-    const __mmask16 mask = q8r16_store_mask(r0, row_begin, row_end);
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y[v] + r0, mask, acc[v]);
-  };
-  for (int32_t i = 0; i < run; ++i) {
-    const std::int8_t* values[kQ8R16Streams];
-    const float* scales[kQ8R16Streams];
-    for (int k = 0; k < kQ8R16Streams; ++k) {
-      values[k] = values_of(first + k * run + i);
-      scales[k] = scales_of(first + k * run + i);
+  r16_blocks_side_by_side<kQ8R16Streams>(first, blocks, [&]<int K>(const int32_t* b) {
+    const std::int8_t* values[K];
+    const float* scales[K];
+    for (int k = 0; k < K; ++k) {
+      values[k] = at.values_of(b[k]);
+      scales[k] = at.scales_of(b[k]);
     }
-    __m512 acc[kQ8R16Streams * NV];
-    q8r16_int8_block<Residual, NV, kQ8R16Streams>(values, scales, cols, group, groups, xq, acc);
-    for (int k = 0; k < kQ8R16Streams; ++k) store(first + k * run + i, acc + k * NV);
-  }
-  for (int32_t b = first + kQ8R16Streams * run; b < first + blocks; ++b) {
-    const std::int8_t* values = values_of(b);
-    const float* scales = scales_of(b);
-    __m512 acc[NV];
-    q8r16_int8_block<Residual, NV>(&values, &scales, cols, group, groups, xq, acc);
-    store(b, acc);
-  }
+    __m512 acc[K * NV];
+    q8r16_int8_block<Residual, NV, K>(values, scales, cols, group, groups, xq, acc);
+    for (int k = 0; k < K; ++k) {
+      const __mmask16 mask = q8r16_store_mask(b[k] * kQ8R16Rows, row_begin, row_end);
+      for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y[v] + b[k] * kQ8R16Rows, mask, acc[k * NV + v]);
+    }
+  });
 }
 
 void q8r16_matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq,
@@ -606,9 +614,11 @@ void q8r16_matmat(const Matrix& w, int32_t n, const float* const* x, const Activ
     });
     return;
   }
-  q8r16_blocks<kQ8R16Vectors>(w, n, y, row_begin, row_end,
-                              [&](const std::int8_t* values, const float* scales, int32_t groups, int32_t v0,
-                                  int32_t nv, __m512* acc) {
+  const int32_t groups = group_count(w.cols, w.group);
+  const Q8R16Blocks at(w, groups);
+  r16_blocks<kQ8R16Vectors>(n, y, row_begin, row_end, [&](int32_t b, int32_t v0, int32_t nv, __m512* acc) {
+    const std::int8_t* values = at.values_of(b);
+    const float* scales = at.scales_of(b);
     q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
       if (xq == nullptr)
         q8r16_f32_block<NV>(values, scales, cols, group, groups, x + v0, acc);
@@ -616,6 +626,154 @@ void q8r16_matmat(const Matrix& w, int32_t n, const float* const* x, const Activ
         q8r16_int8_block<true, NV>(&values, &scales, cols, group, groups, xq + v0, acc);
       else
         q8r16_int8_block<false, NV>(&values, &scales, cols, group, groups, xq + v0, acc);
+    });
+  });
+}
+
+// ---- Q4R16: Q8R16's walk over 4-bit codes ----------------------------------------
+//
+// One 64-byte load holds 8 columns of 16 rows: its low nibbles are a Q8R16
+// chunk of columns c..c+3, its high nibbles of c+4..c+7 (weight_format.h).
+// An AND and a shift give two vpdpbusd operands, codes 0..15 as the unsigned
+// side, so nothing needs flipping. Scales and minimums are 16 f16 values per
+// block and group, widened by vcvtph2ps (exact). Each lane runs the portable
+// definition (kernels_scalar.cpp). f32 activations go to the portable path:
+// no configuration the engine runs multiplies 4-bit weights by them.
+
+constexpr size_t kQ4R16Prefetch = 2048;  // bytes ahead: half Q8R16's, as a block holds half the bytes
+
+struct Q4R16Block {
+  const std::uint8_t* values;
+  const std::uint16_t* scales;
+  const std::uint16_t* mins;
+};
+
+struct Q4R16Blocks {
+  const std::uint8_t* base;
+  const std::uint16_t* scales;
+  const std::uint16_t* mins;
+  size_t block_bytes, block_scales;
+  Q4R16Blocks(const Matrix& w, int32_t groups)
+      : base(static_cast<const std::uint8_t*>(w.data)),
+        scales(w.half_scales),
+        mins(w.half_mins),
+        block_bytes(kQ4R16Rows * ((static_cast<size_t>(w.cols) + 7) / 8 * 4)),
+        block_scales(static_cast<size_t>(groups) * kQ4R16Rows) {}
+  Q4R16Block operator[](int32_t b) const {
+    const size_t i = static_cast<size_t>(b);
+    return {base + i * block_bytes, scales + i * block_scales, mins + i * block_scales};
+  }
+};
+
+template <bool Residual, int NV, int S = 1>
+void q4r16_int8_block(const Q4R16Block* blocks_in, size_t cols, size_t group, int32_t groups,
+                      const ActivationView* const* xs, __m512* acc_out) {
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  Q4R16Block blocks[S];  // locals, for registers (see q8r16_int8_block)
+#pragma GCC unroll 4
+  for (int k = 0; k < S; ++k) blocks[k] = blocks_in[k];
+  __m512 acc[S * NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < S * NV; ++i) acc[i] = _mm512_setzero_ps();
+  for (int32_t g = 0; g < groups; ++g) {
+    const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+    __m512i dot[S * NV], lo[S * NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < S * NV; ++i) {
+      dot[i] = _mm512_setzero_si512();
+      if constexpr (Residual) lo[i] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < S; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(blocks[k].scales + (static_cast<size_t>(g) + 16) * kQ4R16Rows),
+                   _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blocks[k].mins + (static_cast<size_t>(g) + 16) * kQ4R16Rows),
+                   _MM_HINT_T0);
+    }
+    for (size_t c = begin; c < end; c += 8) {
+#pragma GCC unroll 4
+      for (int k = 0; k < S; ++k) {
+        const std::uint8_t* chunk = blocks[k].values + c * (kQ4R16Rows / 2);
+        _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ4R16Prefetch, _MM_HINT_T0);
+        const __m512i wv = _mm512_loadu_si512(chunk);
+        const __m512i low = _mm512_and_si512(wv, nibble);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          dpbusd_broadcast(dot[k * NV + v], low, xs[v]->q + c);
+          dpbusd_broadcast(dot[k * NV + v], high, xs[v]->q + c + 4);
+          if constexpr (Residual) {
+            dpbusd_broadcast(lo[k * NV + v], low, xs[v]->residual_q + c);
+            dpbusd_broadcast(lo[k * NV + v], high, xs[v]->residual_q + c + 4);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < S; ++k) {
+      const size_t slot = static_cast<size_t>(g) * kQ4R16Rows;
+      const __m512 w_scales = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks[k].scales + slot)));
+      const __m512 w_mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks[k].mins + slot)));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const ActivationView& x = *xs[v];
+        __m512& a = acc[k * NV + v];
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[k * NV + v]), _mm512_mul_ps(w_scales, _mm512_set1_ps(x.scales[g])), a);
+        a = _mm512_fmadd_ps(w_mins, _mm512_set1_ps(x.scales[g] * static_cast<float>(x.sums[g])), a);
+        if constexpr (Residual) {
+          a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[k * NV + v]),
+                              _mm512_mul_ps(w_scales, _mm512_set1_ps(x.residual_scales[g])), a);
+          a = _mm512_fmadd_ps(w_mins, _mm512_set1_ps(x.residual_scales[g] * static_cast<float>(x.residual_sums[g])), a);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < S * NV; ++i) acc_out[i] = acc[i];
+}
+
+template <bool Residual, int NV>
+void q4r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                        int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const Q4R16Blocks at(w, groups);
+  const int32_t first = row_begin / kQ4R16Rows, blocks = (row_end - 1) / kQ4R16Rows - first + 1;
+  r16_blocks_side_by_side<kQ8R16Streams>(first, blocks, [&]<int K>(const int32_t* b) {
+    Q4R16Block block[K];
+    for (int k = 0; k < K; ++k) block[k] = at[b[k]];
+    __m512 acc[K * NV];
+    q4r16_int8_block<Residual, NV, K>(block, cols, group, groups, xq, acc);
+    for (int k = 0; k < K; ++k) {
+      const __mmask16 mask = q8r16_store_mask(b[k] * kQ4R16Rows, row_begin, row_end);
+      for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y[v] + b[k] * kQ4R16Rows, mask, acc[k * NV + v]);
+    }
+  });
+}
+
+void q4r16_matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq,
+                  float* const* y, int32_t row_begin, int32_t row_end) {
+  if (xq == nullptr) return scalar_kernel_table()->matmat(w, n, x, xq, y, row_begin, row_end);
+  const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
+  const bool residual = xq[0]->residual_q != nullptr;
+  if (n <= kQ8R16StreamVectors) {
+    q8r16_tile<kQ8R16StreamVectors>(n, [&]<int NV>() {
+      if (residual)
+        q4r16_int8_streams<true, NV>(w, xq, y, row_begin, row_end);
+      else
+        q4r16_int8_streams<false, NV>(w, xq, y, row_begin, row_end);
+    });
+    return;
+  }
+  const int32_t groups = group_count(w.cols, w.group);
+  const Q4R16Blocks at(w, groups);
+  r16_blocks<kQ8R16Vectors>(n, y, row_begin, row_end, [&](int32_t b, int32_t v0, int32_t nv, __m512* acc) {
+    const Q4R16Block block = at[b];
+    q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
+      if (residual)
+        q4r16_int8_block<true, NV>(&block, cols, group, groups, xq + v0, acc);
+      else
+        q4r16_int8_block<false, NV>(&block, cols, group, groups, xq + v0, acc);
     });
   });
 }
@@ -632,6 +790,8 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
       return q8_f32_matvec(w, x, y, row_begin, row_end);
     case WeightFormat::Q8R16:
       return q8r16_matmat(w, 1, &x, xq != nullptr ? &xq : nullptr, &y, row_begin, row_end);
+    case WeightFormat::Q4R16:
+      return q4r16_matmat(w, 1, &x, xq != nullptr ? &xq : nullptr, &y, row_begin, row_end);
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
         if (xq->residual_q != nullptr) return q4_int8_matvec<true>(w, *xq, y, row_begin, row_end);
@@ -1112,6 +1272,7 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
       if (xq != nullptr) return q8_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
       return q8_f32_matmat(w, n, x, y, row_begin, row_end);
     case WeightFormat::Q8R16: return q8r16_matmat(w, n, x, xq, y, row_begin, row_end);
+    case WeightFormat::Q4R16: return q4r16_matmat(w, n, x, xq, y, row_begin, row_end);
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
         if (residual) return q4_int8_matmat<true>(w, n, xq, y, row_begin, row_end);

@@ -121,6 +121,82 @@ float q8r16_row_f32(const Matrix& w, std::int32_t r, const float* x) {
   return acc;
 }
 
+// ---- Q4R16 -----------------------------------------------------------------------
+//
+// The definition every path reproduces bit for bit, in Q8R16's manner. Per
+// row, groups in order, w = min + scale * code with scale and min widened
+// from f16 (exactly). Int8 activations: the group's exact int32 dot d of the
+// codes with the activations, then acc = fma(float(d), w_scale * x_scale, acc)
+// and acc = fma(w_min, x_scale * float(sum of the group's activations), acc);
+// the residual plane's two terms the same way right after. f32 activations:
+// p = fma(float(code), x, p) and s = s + x over the group's columns in order,
+// then acc = fma(p, w_scale, acc) and acc = fma(w_min, s, acc).
+
+struct Q4R16Row {
+  const std::uint8_t* values;     // column c in byte values[q4r16_column_offset(c)]
+  const std::uint16_t* scales;    // group g at scales[g * 16]
+  const std::uint16_t* mins;
+};
+
+Q4R16Row q4r16_row(const Matrix& w, std::int32_t r) {
+  const std::size_t groups = static_cast<std::size_t>(group_count(w.cols, w.group));
+  const auto row = static_cast<std::size_t>(r);
+  const std::size_t slot = q8r16_scale_index(groups, row, 0);
+  return {static_cast<const std::uint8_t*>(w.data) + q4r16_row_offset(static_cast<std::size_t>(w.cols), row),
+          w.half_scales + slot, w.half_mins + slot};
+}
+
+inline int q4r16_code(const Q4R16Row& row, std::size_t c) {
+  const std::uint8_t byte = row.values[q4r16_column_offset(c)];
+  return q4r16_high_nibble(c) ? byte >> 4 : byte & 0x0f;
+}
+
+float q4r16_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
+  const Q4R16Row row = q4r16_row(w, r);
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  float acc = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    std::int32_t dot = 0, lo = 0;
+    for (std::size_t c = begin; c < end; ++c) {
+      const int code = q4r16_code(row, c);
+      dot += code * xq.q[c];
+      if (xq.residual_q != nullptr) lo += code * xq.residual_q[c];
+    }
+    const std::size_t slot = static_cast<std::size_t>(g) * kQ4R16Rows;
+    const float w_scale = f16_to_f32(row.scales[slot]), w_min = f16_to_f32(row.mins[slot]);
+    acc = std::fma(static_cast<float>(dot), w_scale * xq.scales[g], acc);
+    acc = std::fma(w_min, xq.scales[g] * static_cast<float>(xq.sums[g]), acc);
+    if (xq.residual_q != nullptr) {
+      acc = std::fma(static_cast<float>(lo), w_scale * xq.residual_scales[g], acc);
+      acc = std::fma(w_min, xq.residual_scales[g] * static_cast<float>(xq.residual_sums[g]), acc);
+    }
+  }
+  return acc;
+}
+
+float q4r16_row_f32(const Matrix& w, std::int32_t r, const float* x) {
+  const Q4R16Row row = q4r16_row(w, r);
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  const std::int32_t groups = group_count(w.cols, w.group);
+  float acc = 0.0f;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::size_t begin = static_cast<std::size_t>(g) * w.group;
+    const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
+    float partial = 0.0f, x_sum = 0.0f;
+    for (std::size_t c = begin; c < end; ++c) {
+      partial = std::fma(static_cast<float>(q4r16_code(row, c)), x[c], partial);
+      x_sum = x_sum + x[c];
+    }
+    const std::size_t slot = static_cast<std::size_t>(g) * kQ4R16Rows;
+    acc = std::fma(partial, f16_to_f32(row.scales[slot]), acc);
+    acc = std::fma(f16_to_f32(row.mins[slot]), x_sum, acc);
+  }
+  return acc;
+}
+
 // One row of an int8-activation product. With the residual plane each group
 // adds a second exact dot product with its own scale.
 float q8_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
@@ -194,6 +270,8 @@ float row_f32(const Matrix& w, std::int32_t r, const float* x) {
     }
     case WeightFormat::Q8R16:
       return q8r16_row_f32(w, r, x);
+    case WeightFormat::Q4R16:
+      return q4r16_row_f32(w, r, x);
     case WeightFormat::Q8:
     case WeightFormat::Q4:
       break;
@@ -226,6 +304,11 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
   if (w.format == WeightFormat::Q8R16) {
     for (std::int32_t r = row_begin; r < row_end; ++r)
       y[r] = xq != nullptr ? q8r16_row_int8(w, r, *xq) : q8r16_row_f32(w, r, x);
+    return;
+  }
+  if (w.format == WeightFormat::Q4R16) {
+    for (std::int32_t r = row_begin; r < row_end; ++r)
+      y[r] = xq != nullptr ? q4r16_row_int8(w, r, *xq) : q4r16_row_f32(w, r, x);
     return;
   }
   for (std::int32_t r = row_begin; r < row_end; ++r) {
@@ -324,7 +407,7 @@ void row_int8_tile(const Matrix& w, std::int32_t r, std::int32_t nv, const Activ
 
 void matmat(const Matrix& w, std::int32_t n, const float* const* x, const ActivationView* const* xq,
             float* const* y, std::int32_t row_begin, std::int32_t row_end) {
-  if (w.format == WeightFormat::Q8R16) {  // per vector: the definition is matvec's
+  if (w.format == WeightFormat::Q8R16 || w.format == WeightFormat::Q4R16) {  // per vector: the definition is matvec's
     for (std::int32_t v = 0; v < n; ++v) matvec(w, x[v], xq != nullptr ? xq[v] : nullptr, y[v], row_begin, row_end);
     return;
   }

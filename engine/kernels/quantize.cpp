@@ -52,6 +52,48 @@ void quantize_q8r16(std::int32_t rows, std::int32_t cols, std::int32_t group, co
   }
 }
 
+// f16 of a scale or minimum, saturated: a group beyond f16's range (no
+// trained model's weights are) keeps its sign and the largest finite value
+// instead of becoming infinite.
+std::uint16_t saturated_f16(float value) {
+  constexpr float kF16Max = 65504.0f;
+  return f32_to_f16(std::clamp(value, -kF16Max, kF16Max));
+}
+
+// Q4's numbers per group (min, step over 15 codes), with the scale and
+// minimum rounded to f16 first and the codes chosen against the rounded
+// pair, so that what is stored reconstructs as closely as f16 allows.
+void quantize_q4r16(std::int32_t rows, std::int32_t cols, std::int32_t group, const float* src,
+                    std::uint8_t* out, const WeightLayout& layout) {
+  const std::size_t groups = static_cast<std::size_t>((cols + group - 1) / group);
+  auto* scales = reinterpret_cast<std::uint16_t*>(out + layout.scales_offset);
+  auto* mins = reinterpret_cast<std::uint16_t*>(out + layout.mins_offset);
+  for (std::int32_t r = 0; r < rows; ++r) {
+    const float* row = src + static_cast<std::size_t>(r) * cols;
+    std::uint8_t* row_values = out + q4r16_row_offset(static_cast<std::size_t>(cols), static_cast<std::size_t>(r));
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::int32_t begin = static_cast<std::int32_t>(g) * group;
+      const std::int32_t end = std::min(cols, begin + group);
+      float lo = row[begin], hi = row[begin];
+      for (std::int32_t c = begin; c < end; ++c) {
+        lo = std::min(lo, row[c]);
+        hi = std::max(hi, row[c]);
+      }
+      const std::uint16_t scale_bits = saturated_f16((hi - lo) / 15.0f), min_bits = saturated_f16(lo);
+      const float scale = f16_to_f32(scale_bits), min = f16_to_f32(min_bits);
+      const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+      for (std::int32_t c = begin; c < end; ++c) {
+        const auto code = static_cast<std::uint8_t>(std::clamp(std::lround((row[c] - min) * inverse), 0L, 15L));
+        const auto column = static_cast<std::size_t>(c);
+        row_values[q4r16_column_offset(column)] |= q4r16_high_nibble(column) ? static_cast<std::uint8_t>(code << 4) : code;
+      }
+      const std::size_t slot = q8r16_scale_index(groups, static_cast<std::size_t>(r), g);
+      scales[slot] = scale_bits;
+      mins[slot] = min_bits;
+    }
+  }
+}
+
 }  // namespace
 
 void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols, std::int32_t group,
@@ -79,6 +121,9 @@ void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols,
       return;
     case WeightFormat::Q8R16:
       quantize_q8r16(rows, cols, group, src, out, layout);
+      return;
+    case WeightFormat::Q4R16:
+      quantize_q4r16(rows, cols, group, src, out, layout);
       return;
     case WeightFormat::Q8: {
       const std::int32_t groups = (cols + group - 1) / group;
@@ -129,7 +174,12 @@ Matrix matrix_view(WeightFormat format, std::int32_t rows, std::int32_t cols, st
   m.cols = cols;
   m.group = group;
   m.data = bytes;
-  if (is_quantized(format)) m.scales = reinterpret_cast<const float*>(bytes + layout.scales_offset);
+  if (format == WeightFormat::Q4R16) {
+    m.half_scales = reinterpret_cast<const std::uint16_t*>(bytes + layout.scales_offset);
+    m.half_mins = reinterpret_cast<const std::uint16_t*>(bytes + layout.mins_offset);
+  } else if (is_quantized(format)) {
+    m.scales = reinterpret_cast<const float*>(bytes + layout.scales_offset);
+  }
   if (format == WeightFormat::Q4) m.mins = reinterpret_cast<const float*>(bytes + layout.mins_offset);
   return m;
 }
@@ -159,6 +209,17 @@ void dequantize_row(const Matrix& m, std::int32_t row, float* out) {
       for (std::size_t c = 0; c < cols; ++c)
         out[c] = m.scales[q8r16_scale_index(groups, static_cast<std::size_t>(row), c / m.group)] *
                  values[q8r16_column_offset(c)];
+      return;
+    }
+    case WeightFormat::Q4R16: {
+      const std::size_t groups = (cols + m.group - 1) / m.group;
+      const std::uint8_t* values = bytes + q4r16_row_offset(cols, static_cast<std::size_t>(row));
+      for (std::size_t c = 0; c < cols; ++c) {
+        const std::uint8_t byte = values[q4r16_column_offset(c)];
+        const int code = q4r16_high_nibble(c) ? byte >> 4 : byte & 0x0f;
+        const std::size_t slot = q8r16_scale_index(groups, static_cast<std::size_t>(row), c / m.group);
+        out[c] = f16_to_f32(m.half_mins[slot]) + f16_to_f32(m.half_scales[slot]) * static_cast<float>(code);
+      }
       return;
     }
     case WeightFormat::Q4: {

@@ -53,6 +53,22 @@ void matvec(const Matrix& w, const float* x, float* y) {
         }
         break;
       }
+      case WeightFormat::Q4R16: {
+        const std::uint8_t* values = bytes + q4r16_row_offset(cols, r);
+        for (std::size_t g = 0; g < groups; ++g) {
+          const std::size_t begin = g * w.group, end = std::min(cols, begin + w.group);
+          float partial = 0.0f, x_sum = 0.0f;
+          for (std::size_t c = begin; c < end; ++c) {
+            const std::uint8_t byte = values[q4r16_column_offset(c)];
+            const int q = q4r16_high_nibble(c) ? byte >> 4 : byte & 0x0f;
+            partial += static_cast<float>(q) * x[c];
+            x_sum += x[c];
+          }
+          const std::size_t slot = q8r16_scale_index(groups, r, g);
+          sum += f16_to_f32(w.half_scales[slot]) * partial + f16_to_f32(w.half_mins[slot]) * x_sum;
+        }
+        break;
+      }
       case WeightFormat::Q4: {
         const std::uint8_t* packed = bytes + r * ((cols + 1) / 2);
         for (std::size_t g = 0; g < groups; ++g) {

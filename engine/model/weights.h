@@ -15,9 +15,13 @@ struct Matrix {
   std::int32_t rows = 0;
   std::int32_t cols = 0;
   WeightFormat format = WeightFormat::F32;
-  std::int32_t group = 0;          // Q8/Q4: values per scale along a row
+  std::int32_t group = 0;          // quantized formats: values per scale along a row
   const float* scales = nullptr;   // Q8/Q4: [rows, ceil(cols / group)]
   const float* mins = nullptr;     // Q4: [rows, ceil(cols / group)]
+  // Q4R16's scales and minimums: IEEE f16 bit patterns in Q8R16's scale order
+  // (weight_format.h); `scales` and `mins` stay null for Q4R16.
+  const std::uint16_t* half_scales = nullptr;
+  const std::uint16_t* half_mins = nullptr;
   bool empty() const { return data == nullptr; }
   const float* f32() const { return static_cast<const float*>(data); }
 };

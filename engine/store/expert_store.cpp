@@ -35,6 +35,8 @@ Matrix rebase(Matrix m, const std::uint8_t* from, std::uint8_t* to) {
   m.data = rebase(m.data, from, to);
   m.scales = static_cast<const float*>(rebase(m.scales, from, to));
   m.mins = static_cast<const float*>(rebase(m.mins, from, to));
+  m.half_scales = static_cast<const std::uint16_t*>(rebase(m.half_scales, from, to));
+  m.half_mins = static_cast<const std::uint16_t*>(rebase(m.half_mins, from, to));
   return m;
 }
 }  // namespace

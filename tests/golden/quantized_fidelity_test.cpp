@@ -189,7 +189,7 @@ TEST_F(QuantizedFidelity, PrefillInt8FfnPresetStaysWithinTheInt8Bounds) {
 // Both measure the same against the reference.
 TEST_F(QuantizedFidelity, Q8R16FilesMatchPlainQ8Files) {
   QuantScheme interleaved = *quant_scheme("int8"), plain = interleaved;
-  plain.interleave_q8 = false;
+  plain.interleave = false;
   plain.name = "int8-plain";
   for (const char* fixture : kFixtures) {
     auto a = Model::load(convert(fixture, interleaved));

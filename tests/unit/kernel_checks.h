@@ -65,16 +65,25 @@ inline int code_at(const Matrix& m, std::int32_t r, std::int32_t c) {
                                                        q8r16_column_offset(static_cast<std::size_t>(c))];
   if (m.format == WeightFormat::Q8)
     return reinterpret_cast<const std::int8_t*>(bytes)[static_cast<std::size_t>(r) * m.cols + c];
+  if (m.format == WeightFormat::Q4R16) {
+    const std::uint8_t byte = bytes[q4r16_row_offset(static_cast<std::size_t>(m.cols), static_cast<std::size_t>(r)) +
+                                    q4r16_column_offset(static_cast<std::size_t>(c))];
+    return q4r16_high_nibble(static_cast<std::size_t>(c)) ? byte >> 4 : byte & 0x0f;
+  }
   const std::uint8_t byte = bytes[static_cast<std::size_t>(r) * ((m.cols + 1) / 2) + c / 2];
   return c % 2 == 0 ? (byte & 0x0f) : (byte >> 4);
 }
 
 // The scale (or min) of row r, group g, in the matrix's layout.
-inline float scale_at(const Matrix& m, const float* plane, std::int32_t r, std::int32_t g) {
+enum class Plane { Scales, Mins };
+inline float scale_at(const Matrix& m, Plane plane, std::int32_t r, std::int32_t g) {
   const std::size_t groups = static_cast<std::size_t>((m.cols + m.group - 1) / m.group);
-  if (m.format == WeightFormat::Q8R16)
-    return plane[q8r16_scale_index(groups, static_cast<std::size_t>(r), static_cast<std::size_t>(g))];
-  return plane[static_cast<std::size_t>(r) * groups + static_cast<std::size_t>(g)];
+  const std::size_t interleaved = q8r16_scale_index(groups, static_cast<std::size_t>(r), static_cast<std::size_t>(g));
+  if (m.format == WeightFormat::Q4R16)
+    return f16_to_f32((plane == Plane::Scales ? m.half_scales : m.half_mins)[interleaved]);
+  const float* values = plane == Plane::Scales ? m.scales : m.mins;
+  if (m.format == WeightFormat::Q8R16) return values[interleaved];
+  return values[static_cast<std::size_t>(r) * groups + static_cast<std::size_t>(g)];
 }
 
 // The int8 product in exact arithmetic (double holds every term exactly
@@ -95,12 +104,12 @@ inline void exact_int8_row(const Matrix& w, std::int32_t r, const ActivationQ8& 
         dot += p;
         abs_dot += p < 0 ? -p : p;
       }
-      const double scale = static_cast<double>(scale_at(w, w.scales, r, g)) * x_scales[g];
+      const double scale = static_cast<double>(scale_at(w, Plane::Scales, r, g)) * x_scales[g];
       value += scale * static_cast<double>(dot);
       magnitude += std::fabs(scale) * static_cast<double>(abs_dot);
-      if (w.format == WeightFormat::Q4) {
+      if (is_q4(w.format)) {
         const double min_term =
-            static_cast<double>(scale_at(w, w.mins, r, g)) * x_scales[g] * sums[g];
+            static_cast<double>(scale_at(w, Plane::Mins, r, g)) * x_scales[g] * sums[g];
         value += min_term;
         magnitude += std::fabs(min_term);
       }
@@ -132,8 +141,8 @@ inline const char* activations_name(Activations a) {
   return a == Activations::F32 ? "f32" : a == Activations::Int8 ? "int8" : "int8x2";
 }
 
-constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8,
-                                     WeightFormat::Q4,  WeightFormat::Q8R16};
+constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16,   WeightFormat::BF16, WeightFormat::Q8,
+                                     WeightFormat::Q4,  WeightFormat::Q8R16, WeightFormat::Q4R16};
 
 // A random shape with ragged tails: cols rarely a multiple of 128, rows
 // rarely of 4, and the group sizes models use next to odd ones.
@@ -153,6 +162,10 @@ inline Shape random_shape(WeightFormat format, std::mt19937& rng, std::int32_t m
   if (format == WeightFormat::Q8R16) {  // whole 16-row blocks, groups of whole 4-column chunks
     s.rows = kQ8R16Rows * std::uniform_int_distribution<std::int32_t>(1, (max_rows + 15) / 16 + 1)(rng);
     s.group = (s.group + 3) / 4 * 4;
+  }
+  if (format == WeightFormat::Q4R16) {  // whole 16-row blocks, groups of whole 8-column chunks
+    s.rows = kQ4R16Rows * std::uniform_int_distribution<std::int32_t>(1, (max_rows + 15) / 16 + 1)(rng);
+    s.group = (s.group + 7) / 8 * 8;
   }
   return s;
 }
@@ -339,21 +352,21 @@ inline int check_matvec_matches_reference(int cases, std::uint32_t seed = 99) {
   return report.failures();
 }
 
-// Q8R16 has one definition (kernels_scalar.cpp), so every path must give the
+// Q8R16 and Q4R16 have one definition each (kernels_scalar.cpp), so every path must give the
 // portable path's bits exactly: matvec and matmat, one and two activation
 // planes and f32 activations, random row ranges (partial 16-row blocks
 // included), on the active path against the scalar one.
-inline int check_q8r16_matches_portable(int cases, std::uint32_t seed = 1616) {
-  Report report("q8r16 == portable");
+inline int check_r16_matches_portable(WeightFormat format, int cases, std::uint32_t seed = 1616) {
+  Report report(std::string(weight_format_name(format)) + " == portable");
   std::mt19937 rng(seed);
   const Isa path = active_isa();
   constexpr std::int32_t kCounts[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 70};
   for (Activations acts : {Activations::F32, Activations::Int8, Activations::Int8Residual})
     for (int i = 0; i < cases; ++i) {
-      Shape s = random_shape(WeightFormat::Q8R16, rng, 40);
+      Shape s = random_shape(format, rng, 40);
       if (i == 0) s.cols = 2048;
       const std::int32_t n = kCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kCounts) - 1)(rng)];
-      Weights w = make_weights(WeightFormat::Q8R16, s.rows, s.cols, s.group, rng);
+      Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
       const Batch batch = random_batch(n, s, rng, [&](std::int32_t) { return acts; });
       const auto& x_ptrs = batch.x_ptrs;
       const auto& xq_ptrs = batch.xq_ptrs;

@@ -25,14 +25,16 @@ int main(int argc, char** argv) {
     const int matmat = checks::check_matmat_matches_matvec(cases);
     const int attention = checks::check_attention_matches_reference(cases * 4);
     const int f16 = checks::check_f16_conversion();
-    const int q8r16 = checks::check_q8r16_matches_portable(cases);
+    const int q8r16 = checks::check_r16_matches_portable(colibri::WeightFormat::Q8R16, cases);
+    const int q4r16 = checks::check_r16_matches_portable(colibri::WeightFormat::Q4R16, cases);
     const int mixed = checks::check_mixed_batches_match_matvec(cases);
     auto verdict = [](int n) { return n == 0 ? std::string("ok") : std::to_string(n) + " failures"; };
     std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s, attention (f32, f16 cache) ~ reference: %s, "
-                "f32 -> f16: %s, q8r16 == portable: %s, mixed batches: %s\n",
+                "f32 -> f16: %s, q8r16 == portable: %s, q4r16 == portable: %s, mixed batches: %s\n",
                 std::string(isa_name(isa)).c_str(), verdict(matvec).c_str(), verdict(matmat).c_str(),
-                verdict(attention).c_str(), verdict(f16).c_str(), verdict(q8r16).c_str(), verdict(mixed).c_str());
-    failures += matvec + matmat + attention + f16 + q8r16 + mixed;
+                verdict(attention).c_str(), verdict(f16).c_str(), verdict(q8r16).c_str(), verdict(q4r16).c_str(),
+                verdict(mixed).c_str());
+    failures += matvec + matmat + attention + f16 + q8r16 + q4r16 + mixed;
   }
   return failures == 0 ? 0 : 1;
 }

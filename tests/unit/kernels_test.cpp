@@ -157,7 +157,13 @@ TEST_P(KernelPaths, MatmatGivesMatvecsBitsForEveryVector) { EXPECT_EQ(checks::ch
 
 TEST_P(KernelPaths, MixedBatchesGiveEachVectorMatvecsBits) { EXPECT_EQ(checks::check_mixed_batches_match_matvec(20), 0); }
 
-TEST_P(KernelPaths, Q8R16GivesThePortableDefinitionsBits) { EXPECT_EQ(checks::check_q8r16_matches_portable(30), 0); }
+TEST_P(KernelPaths, Q8R16GivesThePortableDefinitionsBits) {
+  EXPECT_EQ(checks::check_r16_matches_portable(WeightFormat::Q8R16, 30), 0);
+}
+
+TEST_P(KernelPaths, Q4R16GivesThePortableDefinitionsBits) {
+  EXPECT_EQ(checks::check_r16_matches_portable(WeightFormat::Q4R16, 30), 0);
+}
 
 TEST_P(KernelPaths, MatvecOnRandomShapesMatchesReference) { EXPECT_EQ(checks::check_matvec_matches_reference(40), 0); }
 
