@@ -78,11 +78,13 @@ constexpr Variant kVariants[] = {
     {WeightFormat::Q8R16, true, false, "q8r16_int8act"},
     {WeightFormat::Q8R16, true, true, "q8r16_int8x2act"},
     {WeightFormat::Q8R16, false, false, "q8r16_f32act"},
+    {WeightFormat::Q4R16, true, false, "q4r16_int8act"},
+    {WeightFormat::Q4R16, true, true, "q4r16_int8x2act"},
 };
 
-// Q8 and Q8R16 (the same numbers, rows interleaved) in groups of 64, Q4 of 32.
+// Q8 and Q8R16 (the same numbers, rows interleaved) in groups of 64, Q4 and Q4R16 of 32.
 std::int32_t group_of(WeightFormat format) {
-  return is_q8(format) ? 64 : format == WeightFormat::Q4 ? 32 : 0;
+  return is_q8(format) ? 64 : is_q4(format) ? 32 : 0;
 }
 
 struct AlignedFree {
@@ -266,6 +268,7 @@ constexpr Variant kMatmatVariants[] = {
     {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
     {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"}, {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
     {WeightFormat::Q4, true, false, "q4g32_int8act"}, {WeightFormat::Q4, true, true, "q4g32_int8x2act"},
+    {WeightFormat::Q4R16, true, false, "q4r16g32_int8act"}, {WeightFormat::Q4R16, true, true, "q4r16g32_int8x2act"},
     {WeightFormat::F32, false, false, "f32"},
 };
 
@@ -422,7 +425,7 @@ void register_benchmarks() {
   benchmark::RegisterBenchmark("quantize_activation/2048/residual", BM_QuantizeActivation, true);
   // Grouped by (format, shape) so each pool of copies is built once.
   for (WeightFormat format : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8, WeightFormat::Q4,
-                              WeightFormat::Q8R16})
+                              WeightFormat::Q8R16, WeightFormat::Q4R16})
     for (const Shape& shape : kShapes)
       for (const Variant& variant : kVariants) {
         if (variant.format != format) continue;

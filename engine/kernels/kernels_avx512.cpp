@@ -415,8 +415,10 @@ inline void dpbusd_broadcast(__m512i& acc, __m512i w, const std::int8_t* x) {
 // blocks side by side: a matrix-vector product then streams S distant parts
 // of the matrix at once, as the read test does (one stream per thread reads
 // at about 60 % of four).
+// noinline: inlined into the callers' nested lambdas, GCC 12 kept the dot
+// accumulators in memory and ran the kernel 3-4x slower (measured).
 template <bool Residual, int NV, int S = 1>
-void q8r16_int8_block(const std::int8_t* const* values_in, const float* const* scales_in, size_t cols, size_t group,
+__attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values_in, const float* const* scales_in, size_t cols, size_t group,
                       int32_t groups, const ActivationView* const* xs, __m512* acc_out) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   // Local copies: written through the output pointer every group, the
@@ -666,7 +668,8 @@ struct Q4R16Blocks {
 };
 
 template <bool Residual, int NV, int S = 1>
-void q4r16_int8_block(const Q4R16Block* blocks_in, size_t cols, size_t group, int32_t groups,
+__attribute__((noinline)) void q4r16_int8_block(  // noinline: see q8r16_int8_block
+const Q4R16Block* blocks_in, size_t cols, size_t group, int32_t groups,
                       const ActivationView* const* xs, __m512* acc_out) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   Q4R16Block blocks[S];  // locals, for registers (see q8r16_int8_block)
