@@ -207,6 +207,27 @@ TEST_F(QuantizedFidelity, Q8R16FilesMatchPlainQ8Files) {
   EXPECT_LE(std::fabs(f.mean_kl() - g.mean_kl()), 2e-5);
 }
 
+// int4 files store the 4-bit experts as Q4R16: Q4's codes chosen against
+// scales and minimums rounded to f16. That rounding is a few parts in 10^4 of
+// a step, so the fidelity must match plain Q4's closely (the bounds are about
+// a tenth of int4's own distance from the reference).
+TEST_F(QuantizedFidelity, Q4R16FilesMatchPlainQ4Files) {
+  QuantScheme interleaved = *quant_scheme("int4"), plain = interleaved;
+  plain.interleave = false;
+  plain.name = "int4-plain";
+  for (const char* fixture : kFixtures) {
+    auto a = Model::load(convert(fixture, interleaved));
+    auto b = Model::load(convert(fixture, plain));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ((*a)->weights().layers[0].experts[0].gate.format, WeightFormat::Q4R16) << fixture;
+    EXPECT_EQ((*b)->weights().layers[0].experts[0].gate.format, WeightFormat::Q4) << fixture;
+  }
+  auto f = measure_scheme(interleaved), g = measure_scheme(plain);
+  EXPECT_LE(std::fabs(f.top1() - g.top1()), 0.01);
+  EXPECT_LE(std::fabs(f.mean_abs_dlogit() - g.mean_abs_dlogit()), 0.02);
+  EXPECT_LE(std::fabs(f.mean_kl() - g.mean_kl()), 3e-3);
+}
+
 TEST_F(QuantizedFidelity, Int4AllIsMeasured) {
   auto f = measure_scheme(*quant_scheme("int4-all"));
   EXPECT_GE(f.top1(), 0.70);
