@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
   std::size_t bandwidth_mib = 0;
   std::uint64_t seed = 1;
   bool json = false, no_pin = false;
+  std::string step_times_path;
   std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
   std::string prefill_activations = "same";
   app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
@@ -256,6 +257,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"same", "int8-ffn"}));
   app.add_flag("--json", json, "Print one JSON document instead of the table");
+  app.add_option("--step-times", step_times_path,
+                 "Also write every timed decode step to this file, one line each: request, step, "
+                 "milliseconds, then the step's phases in ms (qkv, attention, o, router, experts, "
+                 "lm_head), to see where a latency tail comes from");
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
@@ -399,6 +404,17 @@ int main(int argc, char** argv) {
     results.push_back(std::move(*r));
   }
   const double timed_seconds = seconds_since(timed_start);
+  if (!step_times_path.empty()) {
+    std::FILE* out = std::fopen(step_times_path.c_str(), "w");
+    if (out == nullptr) return fail("cannot write " + step_times_path);
+    for (std::size_t i = 0; i < results.size(); ++i)
+      for (std::size_t s = 0; s < results[i].step_seconds.size(); ++s) {
+        std::fprintf(out, "%zu %zu %.3f", i, s, results[i].step_seconds[s] * 1e3);
+        for (double phase : results[i].phase_seconds[s]) std::fprintf(out, " %.3f", phase * 1e3);
+        std::fputc('\n', out);
+      }
+    std::fclose(out);
+  }
   // How much of the time the team actually had its cores (waiting members
   // spin, so they count as busy): well below 1 means other processes took
   // the CPUs and every rate above is lowered by them.
