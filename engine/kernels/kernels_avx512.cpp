@@ -642,7 +642,7 @@ void q8r16_matmat(const Matrix& w, int32_t n, const float* const* x, const Activ
 // definition (kernels_scalar.cpp). f32 activations go to the portable path:
 // no configuration the engine runs multiplies 4-bit weights by them.
 
-constexpr size_t kQ4R16Prefetch = 2048;  // bytes ahead: half Q8R16's, as a block holds half the bytes
+constexpr size_t kQ4R16Prefetch = 2048;  // bytes ahead: 2048 and 4096 measured alike, 1024 10-15 % slower
 
 struct Q4R16Block {
   const std::uint8_t* values;
