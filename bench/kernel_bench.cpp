@@ -82,7 +82,8 @@ constexpr Variant kVariants[] = {
     {WeightFormat::Q4R16, true, true, "q4r16_int8x2act"},
 };
 
-// Q8 and Q8R16 (the same numbers, rows interleaved) in groups of 64, Q4 and Q4R16 of 32.
+// Q8 and Q8R16 (the same numbers, rows interleaved) in groups of 64, Q4 and
+// Q4R16 (the same kind of numbers, rows interleaved, f16 scales) of 32.
 std::int32_t group_of(WeightFormat format) {
   return is_q8(format) ? 64 : is_q4(format) ? 32 : 0;
 }

@@ -675,6 +675,196 @@ void q8r16_f32(const Matrix& w, int32_t n, const float* const* x, float* const* 
   }
 }
 
+// ---- Q4R16 weights --------------------------------------------------------------------
+//
+// Q8R16's walk over 4-bit codes. A 64-byte chunk holds 8 columns of a 16-row
+// block, rows 0-7 in bytes 0-31 and rows 8-15 in 32-63; the low nibbles of a
+// row's dword are columns c..c+3, the high nibbles c+4..c+7 (weight_format.h).
+// An AND and a shift give two maddubs operands, the codes (0..15) as the
+// unsigned side against 4 activations broadcast to every dword, so no sign
+// trick is needed. An int16 lane of maddubs is two products (|.| <= 2 * 15 *
+// 127), so the lanes of up to 4 chunks (32 columns: |.| <= 16 * 15 * 127 =
+// 30480) add exactly in int16 before one madd widens them to the row's int32:
+// 8 columns of 8 rows cost two maddubs and two adds (Q8R16: two each of sign,
+// maddubs, madd and add; measured, madd per chunk here was 10-25 % slower).
+// Scales and minimums are f16, widened by vcvtph2ps (exact). Each lane runs
+// the portable definition (kernels_scalar.cpp "Q4R16") in its order, so
+// every split and tiling gives its bits. f32 activations go to the portable
+// kernel, as on AVX-512.
+//
+// A group is walked once per half block (the second half reads the group's
+// lines from L1), so a tile holds one int32 and one int16 register per
+// vector and plane: tiles of 4 vectors, 2 with the residual plane (3 and 3
+// measured slower).
+constexpr int32_t kQ4R16Int8Tile = 4;
+constexpr int32_t kQ4R16ResidualTile = 2;
+constexpr size_t kQ4R16Prefetch = 1024;  // bytes ahead in the block stream (half Q8R16's, as on AVX-512)
+constexpr size_t kQ4R16Int16Columns = 32;  // columns summed in int16 before madd
+
+struct Q4R16Block {
+  const std::uint8_t* values;   // the block's first byte
+  const std::uint16_t* scales;  // its group 0: 16 f16 values per group
+  const std::uint16_t* mins;
+};
+
+struct Q4R16Blocks {
+  const std::uint8_t* base;
+  const std::uint16_t* scales;
+  const std::uint16_t* mins;
+  size_t block_bytes, block_scales;
+  Q4R16Blocks(const Matrix& w, int32_t groups)
+      : base(static_cast<const std::uint8_t*>(w.data)),
+        scales(w.half_scales),
+        mins(w.half_mins),
+        block_bytes(kQ4R16Rows * ((static_cast<size_t>(w.cols) + 7) / 8 * 4)),
+        block_scales(static_cast<size_t>(groups) * kQ4R16Rows) {}
+  Q4R16Block operator[](int32_t b) const {
+    const size_t i = static_cast<size_t>(b);
+    return {base + i * block_bytes, scales + i * block_scales, mins + i * block_scales};
+  }
+};
+
+// pairs += the int16 pair sums of 8 columns of 8 rows (codes low: columns
+// c..c+3, high: c+4..c+7) with the activations at x (column c).
+__m256i q4r16_pairs8(__m256i pairs, __m256i low, __m256i high, const std::int8_t* x) {
+  pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low, broadcast4(x)));
+  return _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high, broadcast4(x + 4)));
+}
+
+// 8 f16 values widened (exactly).
+__m256 load_f16x8(const std::uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Group g (columns [begin, end)) of S blocks with NV vectors, added to
+// sums[k * NV + v] (block k, vector v). Columns past `cols` up to the chunk's
+// end hold code 0 and activation 0 (q is zero-padded to 128), so whole
+// chunks are exact. With `prefetch` the first half asks for the line
+// kQ4R16Prefetch bytes ahead of each chunk.
+template <bool Residual, int NV, int S>
+void q4r16_group(const Q4R16Block* blocks, size_t begin, size_t end, int32_t g, const ActivationView* const* xs,
+                 Q8R16Sums* sums, bool prefetch) {
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const size_t slot = static_cast<size_t>(g) * kQ4R16Rows;
+  for (int h = 0; h < 2; ++h) {
+    __m256i dot[S][NV], lo[S][NV];
+#pragma GCC unroll 4
+    for (int k = 0; k < S; ++k)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) dot[k][v] = lo[k][v] = _mm256_setzero_si256();
+    for (size_t c = begin; c < end;) {
+      const size_t stop = min_size(end, c + kQ4R16Int16Columns);
+      __m256i pairs[S][NV], pairs_lo[S][NV];
+#pragma GCC unroll 4
+      for (int k = 0; k < S; ++k)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) pairs[k][v] = pairs_lo[k][v] = _mm256_setzero_si256();
+      for (; c < stop; c += 8) {
+#pragma GCC unroll 4
+        for (int k = 0; k < S; ++k) {
+          const std::uint8_t* chunk = blocks[k].values + c * (kQ4R16Rows / 2);
+          if (prefetch && h == 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + kQ4R16Prefetch), _MM_HINT_T0);
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
+          const __m256i low = _mm256_and_si256(wv, nibble);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nibble);
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) {
+            pairs[k][v] = q4r16_pairs8(pairs[k][v], low, high, xs[v]->q + c);
+            if constexpr (Residual) pairs_lo[k][v] = q4r16_pairs8(pairs_lo[k][v], low, high, xs[v]->residual_q + c);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < S; ++k)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          dot[k][v] = _mm256_add_epi32(dot[k][v], _mm256_madd_epi16(pairs[k][v], ones));
+          if constexpr (Residual) lo[k][v] = _mm256_add_epi32(lo[k][v], _mm256_madd_epi16(pairs_lo[k][v], ones));
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < S; ++k) {
+      const __m256 w_scale = load_f16x8(blocks[k].scales + slot + 8 * h);
+      const __m256 w_min = load_f16x8(blocks[k].mins + slot + 8 * h);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const ActivationView& a = *xs[v];
+        __m256& s = sums[k * NV + v].half[h];
+        // fma(d, ws * xs, acc), then fma(w_min, xs * sum(x), acc); the residual plane's two right after.
+        s = q8r16_scale_step(s, dot[k][v], w_scale, a.scales[g]);
+        s = _mm256_fmadd_ps(w_min, _mm256_set1_ps(a.scales[g] * static_cast<float>(a.sums[g])), s);
+        if constexpr (Residual) {
+          s = q8r16_scale_step(s, lo[k][v], w_scale, a.residual_scales[g]);
+          s = _mm256_fmadd_ps(w_min, _mm256_set1_ps(a.residual_scales[g] * static_cast<float>(a.residual_sums[g])), s);
+        }
+      }
+    }
+  }
+}
+
+// Tiles of vectors per block and group, as q8r16_int8.
+template <bool Residual>
+void q4r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                int32_t row_end) {
+  constexpr int32_t kTile = Residual ? kQ4R16ResidualTile : kQ4R16Int8Tile;
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const Q4R16Blocks at(w, groups);
+  Q8R16Sums acc[kQ8R16Chunk];
+  for (int32_t first = 0; first < n; first += kQ8R16Chunk) {
+    const int32_t count = n - first < kQ8R16Chunk ? n - first : kQ8R16Chunk;
+    const ActivationView* const* xs = xq + first;
+    for (int32_t b = row_begin / kQ4R16Rows; b * kQ4R16Rows < row_end; ++b) {
+      const Q4R16Block block = at[b];
+      for (int32_t v = 0; v < count; ++v) acc[v].half[0] = acc[v].half[1] = _mm256_setzero_ps();
+      for (int32_t g = 0; g < groups; ++g) {
+        const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+        // The scale and minimum planes are streams too: this group's line in the next block.
+        const size_t next = (static_cast<size_t>(groups) + static_cast<size_t>(g)) * kQ4R16Rows;
+        _mm_prefetch(reinterpret_cast<const char*>(block.scales + next), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(block.mins + next), _MM_HINT_T0);
+        q8r16_tiles<kTile>(count, [&]<int NV>(int32_t v0) {
+          q4r16_group<Residual, NV, 1>(&block, begin, end, g, xs + v0, acc + v0, v0 == 0);
+        });
+      }
+      for (int32_t v = 0; v < count; ++v) q8r16_store(y[first + v], b * kQ4R16Rows, row_begin, row_end, acc[v]);
+    }
+  }
+}
+
+// One vector (decode): two distant runs of blocks side by side, as
+// q8r16_int8_streams; blocks left over go through q4r16_int8.
+template <bool Residual>
+void q4r16_int8_streams(const Matrix& w, const ActivationView* xq, float* y, int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const Q4R16Blocks at(w, groups);
+  const int32_t first = row_begin / kQ4R16Rows, blocks = (row_end - 1) / kQ4R16Rows - first + 1;
+  const int32_t run = blocks / 2;
+  for (int32_t i = 0; i < run; ++i) {
+    const int32_t b[2] = {first + i, first + run + i};
+    const Q4R16Block block[2] = {at[b[0]], at[b[1]]};
+    Q8R16Sums acc[2];
+    for (int k = 0; k < 2; ++k) acc[k].half[0] = acc[k].half[1] = _mm256_setzero_ps();
+    for (int32_t g = 0; g < groups; ++g) {
+      const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+      for (int k = 0; k < 2; ++k) {
+        const size_t ahead = (static_cast<size_t>(g) + 16) * kQ4R16Rows;
+        _mm_prefetch(reinterpret_cast<const char*>(block[k].scales + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(block[k].mins + ahead), _MM_HINT_T0);
+      }
+      q4r16_group<Residual, 1, 2>(block, begin, end, g, &xq, acc, true);
+    }
+    for (int k = 0; k < 2; ++k) q8r16_store(y, b[k] * kQ4R16Rows, row_begin, row_end, acc[k]);
+  }
+  const int32_t rest_begin = (first + 2 * run) * kQ4R16Rows;
+  if (rest_begin < row_end)
+    q4r16_int8<Residual>(w, 1, &xq, &y, rest_begin > row_begin ? rest_begin : row_begin, row_end);
+}
+
 void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, int32_t row_begin,
             int32_t row_end) {
   switch (w.format) {
@@ -689,7 +879,9 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
       if (xq != nullptr && xq->residual_q != nullptr) return q8r16_int8_streams<true>(w, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8_streams<false>(w, xq, y, row_begin, row_end);
       return q8r16_f32(w, 1, &x, &y, row_begin, row_end);
-    case WeightFormat::Q4R16:  // the portable kernel until this path has its own
+    case WeightFormat::Q4R16:  // f32 activations: the portable kernel
+      if (xq != nullptr && xq->residual_q != nullptr) return q4r16_int8_streams<true>(w, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q4r16_int8_streams<false>(w, xq, y, row_begin, row_end);
       break;
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
@@ -1081,7 +1273,9 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
       if (xq != nullptr && residual) return q8r16_int8<true>(w, n, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8<false>(w, n, xq, y, row_begin, row_end);
       return q8r16_f32(w, n, x, y, row_begin, row_end);
-    case WeightFormat::Q4R16:  // the portable kernel until this path has its own
+    case WeightFormat::Q4R16:  // f32 activations: the portable kernel
+      if (xq != nullptr && residual) return q4r16_int8<true>(w, n, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q4r16_int8<false>(w, n, xq, y, row_begin, row_end);
       break;
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {

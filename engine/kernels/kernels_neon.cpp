@@ -1,13 +1,13 @@
 // The aarch64 path: NEON with the dot-product extension (compiled with
 // -march=armv8.2-a+dotprod on aarch64 only, see engine/CMakeLists.txt; reached
 // after getauxval reported HWCAP_ASIMDDP). It covers the kernels decode time
-// depends on: int8-activation Q8/Q4 products (sdot), Q8R16 products (int8 and
-// f32 activations), f32/f16/bf16 products and attention. The rest (activation
-// quantization, norms, softmax, and the f32-activation Q8/Q4 fallbacks)
-// forwards to the portable path, which keeps the quantized bytes identical by
-// construction. Everything here has internal linkage; see kernel_table.h.
-// Rows go 4 at a time with the same per-row instruction sequence as the 1-row
-// remainder, as in the x86 paths.
+// depends on: int8-activation Q8/Q4/Q4R16 products (sdot), Q8R16 products
+// (int8 and f32 activations), f32/f16/bf16 products and attention. The rest
+// (activation quantization, norms, softmax, and the f32-activation
+// Q8/Q4/Q4R16 fallbacks) forwards to the portable path, which keeps the
+// quantized bytes identical by construction. Everything here has internal
+// linkage; see kernel_table.h. Rows go 4 at a time with the same per-row
+// instruction sequence as the 1-row remainder, as in the x86 paths.
 #if defined(__aarch64__)
 
 #include <arm_neon.h>
@@ -412,6 +412,136 @@ void q8r16_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_beg
   }
 }
 
+// ---- Q4R16 --------------------------------------------------------------------------
+//
+// Q8R16's walk over 4-bit codes: a 64-byte chunk (8 columns of a 16-row block)
+// is 4 registers of 4 rows. vand 0x0f keeps columns c..c+3 of each row's
+// dword, ushr 4 columns c+4..c+7 (weight_format.h); codes 0..15 are valid
+// signed bytes, so sdot by element takes both as they are, and one 16-byte
+// load of x serves 2 chunks (lanes 0-1, then 2-3). Scales and minimums are
+// f16, widened by fcvtl (exact). The float steps are the portable
+// definition's, lane by lane (kernels_scalar.cpp "Q4R16"). f32 activations go
+// to the portable kernel, as on the x86 paths.
+
+struct Q4R16Block {
+  const std::uint8_t* values;   // the block's first byte
+  const std::uint16_t* scales;  // its group 0: 16 f16 values per group
+  const std::uint16_t* mins;
+};
+
+Q4R16Block q4r16_block(const Matrix& w, int32_t groups, int32_t b) {
+  const size_t i = static_cast<size_t>(b);
+  const size_t block_bytes = kQ4R16Rows * ((static_cast<size_t>(w.cols) + 7) / 8 * 4);
+  const size_t block_scales = static_cast<size_t>(groups) * kQ4R16Rows;
+  return {static_cast<const std::uint8_t*>(w.data) + i * block_bytes, w.half_scales + i * block_scales,
+          w.half_mins + i * block_scales};
+}
+
+// 8-column chunks [k0, k1) of group g (group % 8 == 0; the last chunk's
+// padding columns hold code 0 and zero int8 activations).
+void q4r16_group_chunks(const Matrix& w, int32_t g, size_t& k0, size_t& k1) {
+  const size_t begin = static_cast<size_t>(g) * static_cast<size_t>(w.group);
+  k0 = begin / 8;
+  k1 = (min_size(static_cast<size_t>(w.cols), begin + static_cast<size_t>(w.group)) + 7) / 8;
+}
+
+// One chunk into the int32 dots: lanes Lane and Lane + 1 of xv (and rv) hold
+// its 8 activation bytes.
+template <int Lane, bool Residual, int NV>
+[[gnu::always_inline]] inline void q4r16_dot_chunk(const std::uint8_t* chunk, const int8x16_t (&xv)[NV],
+                                                   const int8x16_t (&rv)[NV], int32x4_t (&dot)[NV][4],
+                                                   int32x4_t (&lo)[NV][4]) {
+  int8x16_t low[4], high[4];
+  for (int i = 0; i < 4; ++i) {
+    const uint8x16_t wv = vld1q_u8(chunk + 16 * static_cast<size_t>(i));
+    low[i] = vreinterpretq_s8_u8(vandq_u8(wv, vdupq_n_u8(0x0f)));
+    high[i] = vreinterpretq_s8_u8(vshrq_n_u8(wv, 4));
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < 4; ++i) {
+      dot[v][i] = vdotq_laneq_s32(dot[v][i], low[i], xv[v], Lane);
+      dot[v][i] = vdotq_laneq_s32(dot[v][i], high[i], xv[v], Lane + 1);
+      if constexpr (Residual) {
+        lo[v][i] = vdotq_laneq_s32(lo[v][i], low[i], rv[v], Lane);
+        lo[v][i] = vdotq_laneq_s32(lo[v][i], high[i], rv[v], Lane + 1);
+      }
+    }
+}
+
+// The exact int32 dots of one block with NV vectors over chunks [k0, k1):
+// dot[v][i] holds rows 4i..4i+3. A chunk's codes are unpacked once for all NV.
+template <bool Residual, int NV>
+[[gnu::always_inline]] inline void q4r16_dots(const std::uint8_t* block, size_t k0, size_t k1,
+                                              const std::int8_t* const (&q)[NV],
+                                              const std::int8_t* const (&residual_q)[NV], int32x4_t (&dot)[NV][4],
+                                              int32x4_t (&lo)[NV][4]) {
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < 4; ++i) dot[v][i] = lo[v][i] = vdupq_n_s32(0);
+  int8x16_t xv[NV], rv[NV];
+  size_t k = k0;
+  for (; k + 2 <= k1; k += 2) {
+    for (int v = 0; v < NV; ++v) {
+      xv[v] = vld1q_s8(q[v] + 8 * k);
+      rv[v] = Residual ? vld1q_s8(residual_q[v] + 8 * k) : xv[v];
+    }
+    const std::uint8_t* chunk = block + 64 * k;
+    q4r16_dot_chunk<0, Residual, NV>(chunk, xv, rv, dot, lo);
+    q4r16_dot_chunk<2, Residual, NV>(chunk + 64, xv, rv, dot, lo);
+  }
+  if (k < k1) {  // an odd chunk: 8 bytes of x (16 could pass the buffer's end)
+    for (int v = 0; v < NV; ++v) {
+      xv[v] = vcombine_s8(vld1_s8(q[v] + 8 * k), vdup_n_s8(0));
+      rv[v] = Residual ? vcombine_s8(vld1_s8(residual_q[v] + 8 * k), vdup_n_s8(0)) : xv[v];
+    }
+    q4r16_dot_chunk<0, Residual, NV>(block + 64 * k, xv, rv, dot, lo);
+  }
+}
+
+// 16 f16 values of group g widened: 4 registers of 4 rows.
+void q4r16_load_f16x16(const std::uint16_t* plane, int32_t g, float32x4_t (&out)[4]) {
+  const std::uint16_t* p = plane + static_cast<size_t>(g) * kQ4R16Rows;
+  for (int i = 0; i < 4; ++i) out[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
+}
+
+// One vector's float steps for group g: fma(d, ws * xs, acc), then
+// fma(w_min, xs * sum(x), acc); the residual plane's two right after.
+template <bool Residual>
+void q4r16_scale_step(float32x4_t (&acc)[4], const int32x4_t (&dot)[4], const int32x4_t (&lo)[4],
+                      const float32x4_t (&w_scales)[4], const float32x4_t (&w_mins)[4], const ActivationView& a,
+                      int32_t g) {
+  q8r16_scale_step(acc, dot, w_scales, a.scales[g]);
+  const float32x4_t x_sum = vdupq_n_f32(a.scales[g] * static_cast<float>(a.sums[g]));
+  for (int i = 0; i < 4; ++i) acc[i] = vfmaq_f32(acc[i], w_mins[i], x_sum);
+  if constexpr (Residual) {
+    q8r16_scale_step(acc, lo, w_scales, a.residual_scales[g]);
+    const float32x4_t r_sum = vdupq_n_f32(a.residual_scales[g] * static_cast<float>(a.residual_sums[g]));
+    for (int i = 0; i < 4; ++i) acc[i] = vfmaq_f32(acc[i], w_mins[i], r_sum);
+  }
+}
+
+template <bool Residual>
+void q4r16_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int32_t row_begin, int32_t row_end) {
+  const int32_t groups = group_count(w.cols, w.group);
+  const std::int8_t* const q[1] = {xq.q};
+  const std::int8_t* const residual_q[1] = {xq.residual_q};
+  for (int32_t b = row_begin / kQ4R16Rows; b * kQ4R16Rows < row_end; ++b) {
+    const Q4R16Block block = q4r16_block(w, groups, b);
+    float32x4_t acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = vdupq_n_f32(0.0f);
+    for (int32_t g = 0; g < groups; ++g) {
+      size_t k0, k1;
+      q4r16_group_chunks(w, g, k0, k1);
+      int32x4_t dot[1][4], lo[1][4];
+      q4r16_dots<Residual, 1>(block.values, k0, k1, q, residual_q, dot, lo);
+      float32x4_t w_scales[4], w_mins[4];
+      q4r16_load_f16x16(block.scales, g, w_scales);
+      q4r16_load_f16x16(block.mins, g, w_mins);
+      q4r16_scale_step<Residual>(acc, dot[0], lo[0], w_scales, w_mins, xq, g);
+    }
+    q8r16_store(acc, y, b * kQ4R16Rows, row_begin, row_end);
+  }
+}
+
 void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y, int32_t row_begin,
             int32_t row_end) {
   switch (w.format) {
@@ -426,7 +556,9 @@ void matvec(const Matrix& w, const float* x, const ActivationView* xq, float* y,
       if (xq != nullptr && xq->residual_q != nullptr) return q8r16_int8_matvec<true>(w, *xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8_matvec<false>(w, *xq, y, row_begin, row_end);
       return q8r16_f32_matvec(w, x, y, row_begin, row_end);
-    case WeightFormat::Q4R16:  // the portable kernel until this path has its own
+    case WeightFormat::Q4R16:  // f32 activations: the portable kernel
+      if (xq != nullptr && xq->residual_q != nullptr) return q4r16_int8_matvec<true>(w, *xq, y, row_begin, row_end);
+      if (xq != nullptr) return q4r16_int8_matvec<false>(w, *xq, y, row_begin, row_end);
       break;
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
@@ -613,22 +745,18 @@ void for_vector_tiles(int32_t n, const Tile& tile) {
     if (v < n) vector_tile_rest<NV - 1>(n - v, v, tile);
 }
 
-// Blocks of 16 rows, each through every vector in slices of kQ8R16Vectors;
-// `group_step(block, block_scales, g, v0, count, acc)` adds group g to the
-// sums acc[v][16] of vectors [v0, v0 + count).
+// Blocks of 16 rows (Q8R16 and Q4R16), each through every vector in slices
+// of kQ8R16Vectors; `group_step(b, g, v0, count, acc)` adds group g of block
+// b to the sums acc[v][16] of vectors [v0, v0 + count).
 template <class GroupStep>
-void q8r16_matmat_blocks(const Matrix& w, int32_t n, float* const* y, int32_t row_begin, int32_t row_end,
-                         const GroupStep& group_step) {
-  const size_t cols4 = q8r16_cols4(w);
-  const int32_t groups = group_count(w.cols, w.group);
+void r16_matmat_blocks(int32_t n, int32_t groups, float* const* y, int32_t row_begin, int32_t row_end,
+                       const GroupStep& group_step) {
   alignas(16) float acc[kQ8R16Vectors][kQ8R16Rows];
   for (int32_t b = row_begin / kQ8R16Rows; b * kQ8R16Rows < row_end; ++b) {
-    const std::int8_t* block = static_cast<const std::int8_t*>(w.data) + static_cast<size_t>(b) * kQ8R16Rows * cols4;
-    const float* block_scales = w.scales + static_cast<size_t>(b) * groups * kQ8R16Rows;
     for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
       const int32_t count = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
       std::memset(acc, 0, sizeof(float) * kQ8R16Rows * static_cast<size_t>(count));
-      for (int32_t g = 0; g < groups; ++g) group_step(block, block_scales, g, v0, count, acc);
+      for (int32_t g = 0; g < groups; ++g) group_step(b, g, v0, count, acc);
       for (int32_t v = 0; v < count; ++v) {
         float32x4_t sums[4];
         for (int i = 0; i < 4; ++i) sums[i] = vld1q_f32(acc[v] + 4 * i);
@@ -636,6 +764,20 @@ void q8r16_matmat_blocks(const Matrix& w, int32_t n, float* const* y, int32_t ro
       }
     }
   }
+}
+
+// Q8R16's blocks: `group_step(block, block_scales, g, v0, count, acc)`.
+template <class GroupStep>
+void q8r16_matmat_blocks(const Matrix& w, int32_t n, float* const* y, int32_t row_begin, int32_t row_end,
+                         const GroupStep& group_step) {
+  const size_t cols4 = q8r16_cols4(w);
+  const int32_t groups = group_count(w.cols, w.group);
+  r16_matmat_blocks(n, groups, y, row_begin, row_end,
+                    [&](int32_t b, int32_t g, int32_t v0, int32_t count, float (*acc)[kQ8R16Rows]) {
+    const std::int8_t* block = static_cast<const std::int8_t*>(w.data) + static_cast<size_t>(b) * kQ8R16Rows * cols4;
+    const float* block_scales = w.scales + static_cast<size_t>(b) * groups * kQ8R16Rows;
+    group_step(block, block_scales, g, v0, count, acc);
+  });
 }
 
 // Tiles of 4 vectors (2 with the residual plane): 16 (or 2 x 8) integer
@@ -698,6 +840,41 @@ void q8r16_f32_matmat(const Matrix& w, int32_t n, const float* const* x, float* 
   });
 }
 
+// Q4R16: q8r16_int8_matmat's tiles over q4r16_dots (4 vectors, 2 with the
+// residual plane: 16 or 2 x 8 accumulators, 8 code and 4 activation registers).
+template <bool Residual>
+void q4r16_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                       int32_t row_begin, int32_t row_end) {
+  constexpr int kTile = Residual ? 2 : 4;
+  const int32_t groups = group_count(w.cols, w.group);
+  r16_matmat_blocks(n, groups, y, row_begin, row_end,
+                    [&](int32_t b, int32_t g, int32_t v0, int32_t count, float (*acc)[kQ8R16Rows]) {
+    const Q4R16Block block = q4r16_block(w, groups, b);
+    size_t k0, k1;
+    q4r16_group_chunks(w, g, k0, k1);
+    float32x4_t w_scales[4], w_mins[4];
+    q4r16_load_f16x16(block.scales, g, w_scales);
+    q4r16_load_f16x16(block.mins, g, w_mins);
+    for_vector_tiles<kTile>(count, [&]<int NV>(int32_t t0) {
+      const std::int8_t* q[NV];
+      const std::int8_t* residual_q[NV];
+      for (int v = 0; v < NV; ++v) {
+        q[v] = xq[v0 + t0 + v]->q;
+        residual_q[v] = xq[v0 + t0 + v]->residual_q;
+      }
+      int32x4_t dot[NV][4], lo[NV][4];
+      q4r16_dots<Residual, NV>(block.values, k0, k1, q, residual_q, dot, lo);
+      for (int v = 0; v < NV; ++v) {
+        float* sums = acc[t0 + v];
+        float32x4_t s[4];
+        for (int i = 0; i < 4; ++i) s[i] = vld1q_f32(sums + 4 * i);
+        q4r16_scale_step<Residual>(s, dot[v], lo[v], w_scales, w_mins, *xq[v0 + t0 + v], g);
+        for (int i = 0; i < 4; ++i) vst1q_f32(sums + 4 * i, s[i]);
+      }
+    });
+  });
+}
+
 // xq is null (f32 activations) or n views usable with w. What matvec sends to
 // the portable kernel goes to the portable matmat, which matches it.
 void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq, float* const* y,
@@ -724,7 +901,9 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
       if (xq != nullptr && residual) return q8r16_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
       return q8r16_f32_matmat(w, n, x, y, row_begin, row_end);
-    case WeightFormat::Q4R16:  // the portable kernel until this path has its own
+    case WeightFormat::Q4R16:  // f32 activations: the portable kernel
+      if (xq != nullptr && residual) return q4r16_int8_matmat<true>(w, n, xq, y, row_begin, row_end);
+      if (xq != nullptr) return q4r16_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
       break;
     case WeightFormat::Q4:
       if (xq != nullptr && q4_int8_supported(w.group)) {
