@@ -127,6 +127,13 @@ std::vector<Malformed> malformed_cases() {
   add("unknown_weight_format",
       [](Bytes& b) { b[dir_at(b, tensor_index(kEmbed), kFormatField)] = 9; },
       "tensor 'model.embed_tokens.weight': unknown weight format 9");
+  // Q4R16 needs whole 8-column chunks per group (weight_format.h).
+  add("q4r16_group_not_a_multiple_of_8",
+      [](Bytes& b) {
+        b[dir_at(b, tensor_index(kEmbed), kFormatField)] = static_cast<std::uint8_t>(WeightFormat::Q4R16);
+        put<std::uint16_t>(b, dir_at(b, tensor_index(kEmbed), kGroupField), 3);
+      },
+      "invalid shape [16, 8] or group size 3 for format q4r16");
   add("bad_rank", [](Bytes& b) { b[dir_at(b, tensor_index(kEmbed), kRankField)] = 3; }, "rank 3 (must be 1 or 2)");
   add("vector_with_two_rows",
       [](Bytes& b) { set_tensor(b, "model.norm.weight", kRowsField, 2); }, "a vector must have 1 row, not 2");
