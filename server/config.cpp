@@ -228,6 +228,14 @@ const std::array kOptions = {
                "nothing outside the budget grows), pread (through the page cache), mmap (the file "
                "mapping, populated on load and paged out on eviction). Measured in docs/EXPERT_STORE.md.",
                Reload::Hot},
+    OptionSpec{"expert_cache_preload", &C::expert_cache_preload, 0, 0, "auto|on|off",
+               "Read experts into the budget when the model loads, in file order with sequential reads: "
+               "auto when expert_cache_mb holds every expert (then no request waits for an expert read), "
+               "on to fill the budget even when it cannot hold them all (the file's first experts; the "
+               "eviction policy replaces them first), off to read each expert when a request first needs "
+               "it. The load takes as long as reading those bytes; a block that cannot be read (a "
+               "truncated file) fails the load.",
+               Reload::Hot},
     OptionSpec{"expert_prefetch", &C::expert_prefetch, 0, 0, "off|on|next",
                "off (default: it won the measurements, docs/EXPERT_STORE.md): read a missing expert when "
                "it is needed; on: read a layer's missing experts in parallel on two loader threads; next: "

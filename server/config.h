@@ -74,6 +74,7 @@ struct Config {
   std::int64_t expert_cache_mb = 0;
   std::string expert_cache_policy = "lru";
   std::string expert_cache_io = "pread-direct";
+  std::string expert_cache_preload = "auto";
   std::string expert_prefetch = "off";
   std::string pinned_experts;
 };

@@ -212,6 +212,11 @@ void render_expert_store(const ExpertStore& store, std::string& out) {
          static_cast<double>(t.prefetch_issued));
   scalar("colibri_expert_cache_prefetch_wasted_total", "Prefetched experts evicted before any use.", "counter",
          static_cast<double>(t.prefetch_wasted));
+  scalar("colibri_expert_cache_preload_bytes_total",
+         "Bytes of experts read when the store opened (expert_cache_preload), before any request.", "counter",
+         static_cast<double>(t.preload_bytes));
+  scalar("colibri_expert_cache_preload_seconds", "How long the preload at open took.", "gauge",
+         static_cast<double>(t.preload_ns) / 1e9);
   scalar("colibri_expert_cache_resident_experts", "Experts resident or being read now.", "gauge",
          static_cast<double>(t.resident));
   scalar("colibri_expert_cache_budget_bytes", "Bytes of expert slots (expert_cache_mb, in whole slots).", "gauge",

@@ -208,6 +208,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     store.budget_bytes = static_cast<std::uint64_t>(config.expert_cache_mb) << 20;
     store.policy = *parse_policy(config.expert_cache_policy);
     store.io = *parse_io(config.expert_cache_io);
+    store.preload = *parse_preload(config.expert_cache_preload);
     store.prefetch = config.expert_prefetch != "off";
     store.predict_next = config.expert_prefetch == "next";
     auto pinned = parse_pinned(config.pinned_experts);

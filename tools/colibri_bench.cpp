@@ -68,6 +68,18 @@ double disk_read_gbps(const std::string& path, std::uint64_t bytes) {
   return gbps;
 }
 
+// The store's preload at open, apart from the decode figures (which are
+// deltas over the timed steps and so never include it).
+std::string preload_summary(const colibri::ExpertStoreTotals& t, std::string_view option) {
+  if (t.preloaded == 0)
+    return fmt::format("none (--cache-preload {}{})", option,
+                       option == "auto" ? ": the budget holds fewer than every expert" : "");
+  const double seconds = static_cast<double>(t.preload_ns) / 1e9;
+  return fmt::format("{} experts, {:.2f} GB in {:.2f} s ({:.2f} GB/s) when the store opened (--cache-preload {})",
+                     t.preloaded, static_cast<double>(t.preload_bytes) / 1e9, seconds,
+                     seconds > 0 ? static_cast<double>(t.preload_bytes) / 1e9 / seconds : 0.0, option);
+}
+
 int fail(const std::string& message) {
   std::fprintf(stderr, "colibri-bench: %s\n", message.c_str());
   return 1;
@@ -479,8 +491,9 @@ int main(int argc, char** argv) {
   // measured in this run: at a small budget decode is bounded by disk
   // bandwidth / bytes read per token.
   nlohmann::json store_report = nullptr;
-  std::string store_line, disk_line;
+  std::string store_line, disk_line, preload_line;
   if (store) {
+    const colibri::ExpertStoreTotals store_totals = store->totals();
     const double disk_gbps = disk_test_mib > 0 ? disk_read_gbps(model_path, disk_test_mib << 20) : 0;
     const double steps = static_cast<double>(std::max<std::int64_t>(decode_steps_timed, 1));
     const double bytes_per_token = static_cast<double>(decode_store.bytes_read) / steps;
@@ -506,6 +519,10 @@ int main(int argc, char** argv) {
                     {"io", std::string(colibri::io_name(store->io()))},
                     {"io_note", store->io_note()},
                     {"prefetch", store_flags.prefetch},
+                    {"preload", std::string(colibri::preload_name(store->options().preload))},
+                    {"preloaded_experts", store_totals.preloaded},
+                    {"preload_bytes", store_totals.preload_bytes},
+                    {"preload_seconds", static_cast<double>(store_totals.preload_ns) / 1e9},
                     {"decode_hit_rate", decode_store.hit_rate()},
                     {"decode_resident_hit_rate", resident_hit_rate},
                     {"decode_bytes_read_per_token", bytes_per_token},
@@ -532,6 +549,7 @@ int main(int argc, char** argv) {
         predicted.chosen > 0 ? fmt::format(", next-layer prediction {:.3f}", static_cast<double>(predicted.predicted) /
                                                                             static_cast<double>(predicted.chosen))
                              : std::string());
+    preload_line = preload_summary(store_totals, colibri::preload_name(store->options().preload));
     disk_line = disk_gbps > 0 ? fmt::format("{:.2f} GB/s (O_DIRECT, 4 MiB reads, {} MiB of the model file); "
                                             "bound {:.2f} tokens/s, decode at {:.2f} x it",
                                             disk_gbps, disk_test_mib, disk_bound, disk_bound > 0 ? decode_rate / disk_bound : 0.0)
@@ -680,6 +698,7 @@ int main(int argc, char** argv) {
   line("roofline fraction", fmt::format("{:.1f} % of the best measured bandwidth", roofline * 100));
   if (store) {
     line("expert store (decode)", store_line);
+    line("expert store preload", preload_line);
     line("disk read bandwidth", disk_line);
   }
   for (std::int32_t m = 0; m < team.size(); ++m) {

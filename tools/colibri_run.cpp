@@ -221,6 +221,10 @@ int main(int argc, char** argv) {
                  static_cast<double>((*store)->slot_bytes()) / 1048576.0, t.hit_rate(),
                  static_cast<double>(t.bytes_read) / 1e6, static_cast<double>(t.stall_ns) / 1e9,
                  static_cast<unsigned long long>(t.evictions));
+    if (t.preloaded > 0)
+      std::fprintf(stderr, "colibri-run: preloaded %llu experts at open (%.1f MB, in the MB read above) in %.2f s\n",
+                   static_cast<unsigned long long>(t.preloaded), static_cast<double>(t.preload_bytes) / 1e6,
+                   static_cast<double>(t.preload_ns) / 1e9);
     const colibri::ExpertPredictionCounts& p = session.decoder().prediction_counts();
     if (p.chosen > 0)
       std::fprintf(stderr, "colibri-run: next-layer prediction: %llu of %llu chosen experts predicted (%.3f)\n",

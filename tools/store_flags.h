@@ -1,6 +1,6 @@
 // The expert-store flags shared by colibri-run and colibri-bench
-// (--expert-cache-mb, --cache-policy, --cache-io, --prefetch, --pinned-experts,
-// --cache-verify) and the store they open (docs/EXPERT_STORE.md).
+// (--expert-cache-mb, --cache-policy, --cache-io, --cache-preload, --prefetch,
+// --pinned-experts, --cache-verify) and the store they open (docs/EXPERT_STORE.md).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,6 +19,7 @@ struct StoreFlags {
   double cache_mb = 0;  // MiB; fractions allowed (small test models)
   std::string policy = "lru";
   std::string io = "pread-direct";
+  std::string preload = "auto";
   std::string prefetch = "off";
   std::string pinned;
   bool verify = false;
@@ -33,6 +34,11 @@ struct StoreFlags {
     app.add_option("--cache-io", io,
                    "How experts are read: pread-direct (O_DIRECT, no page cache), pread, or mmap "
                    "(the mapping, populated and paged out)")
+        ->capture_default_str();
+    app.add_option("--cache-preload", preload,
+                   "Read experts into the budget when the store opens, in file order: auto (when the budget "
+                   "holds every expert, so no token waits for a read), on (fill the budget even when it cannot "
+                   "hold every expert), off (read each expert when first needed)")
         ->capture_default_str();
     app.add_option("--prefetch", prefetch,
                    "off (default, measured best here): read missing experts one by one when needed; on: read a layer's missing experts "
@@ -58,6 +64,9 @@ struct StoreFlags {
     auto i = colibri::parse_io(io);
     if (!i) return i.error();
     options.io = *i;
+    auto preloaded = colibri::parse_preload(preload);
+    if (!preloaded) return preloaded.error();
+    options.preload = *preloaded;
     auto pins = colibri::parse_pinned(pinned);
     if (!pins) return pins.error();
     options.pinned = std::move(*pins);

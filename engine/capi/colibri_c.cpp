@@ -399,6 +399,7 @@ COLIBRI_API colibri_expert_cache_options colibri_expert_cache_options_default(vo
   options.io = COLIBRI_CACHE_IO_PREAD_DIRECT;
   options.prefetch = 0;  // measured: no gain on a mostly-resident decode (docs/EXPERT_STORE.md)
   options.pinned_experts = nullptr;
+  options.preload = COLIBRI_CACHE_PRELOAD_AUTO;
   return options;
 }
 
@@ -408,7 +409,10 @@ COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* mode
   return guarded(fn, [&]() -> colibri_status {
     if (model == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "model is NULL");
     if (options == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "options is NULL");
-    if (auto s = check_struct_size(fn, "options", options); s != COLIBRI_OK) return s;
+    // The header before `preload` ended at it; such callers get AUTO.
+    const bool has_preload = options->struct_size != offsetof(colibri_expert_cache_options, preload);
+    if (has_preload)
+      if (auto s = check_struct_size(fn, "options", options); s != COLIBRI_OK) return s;
     colibri::ExpertStoreOptions store;
     if (options->budget_mb == 0 || options->budget_mb > (std::uint64_t{1} << 40))
       return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "options->budget_mb must be 1 to 2^40, got {}",
@@ -435,6 +439,15 @@ COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* mode
       return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "options->prefetch must be 0, 1 or 2, got {}", options->prefetch);
     store.prefetch = options->prefetch >= 1;
     store.predict_next = options->prefetch == 2;
+    switch (has_preload ? options->preload : COLIBRI_CACHE_PRELOAD_AUTO) {
+      case COLIBRI_CACHE_PRELOAD_AUTO: store.preload = colibri::ExpertPreload::Auto; break;
+      case COLIBRI_CACHE_PRELOAD_ON: store.preload = colibri::ExpertPreload::On; break;
+      case COLIBRI_CACHE_PRELOAD_OFF: store.preload = colibri::ExpertPreload::Off; break;
+      default:
+        return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT,
+                     "options->preload must be COLIBRI_CACHE_PRELOAD_AUTO (0), ON (1) or OFF (2), got {}",
+                     options->preload);
+    }
     if (options->pinned_experts != nullptr) {
       auto pinned = colibri::parse_pinned(options->pinned_experts);
       if (!pinned) return fail(fn, COLIBRI_ERR_INVALID_ARGUMENT, pinned.error().message);
@@ -457,8 +470,9 @@ COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibr
   return guarded(fn, [&]() -> colibri_status {
     if (model == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "model is NULL");
     if (out == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "out is NULL");
-    // The header before the expert-store fields ended at expert_cache_bytes.
-    const bool short_stats = out->struct_size == offsetof(colibri_model_stats, expert_cache_bytes);
+    // Earlier headers ended before the expert-store fields, then before the preload's.
+    const bool short_stats = out->struct_size == offsetof(colibri_model_stats, expert_cache_bytes) ||
+                             out->struct_size == offsetof(colibri_model_stats, expert_cache_preload_bytes);
     if (!short_stats)
       if (auto s = check_struct_size(fn, "out", out); s != COLIBRI_OK) return s;
     const colibri::Model& m = *model->model;
@@ -497,6 +511,8 @@ COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibr
       stats.expert_cache_misses = t.misses;
       stats.expert_cache_bytes_read = t.bytes_read;
       stats.expert_cache_stall_ns = t.stall_ns;
+      stats.expert_cache_preload_bytes = t.preload_bytes;
+      stats.expert_cache_preload_ns = t.preload_ns;
     }
     if (short_stats) {
       stats.struct_size = out->struct_size;

@@ -173,9 +173,10 @@ Status ExpertStore::init(std::shared_ptr<const Model> model, ExpertStoreOptions 
     slot.state.store(kReady, std::memory_order_relaxed);
   }
 
+  if (options_.loader_threads < 1 || options_.loader_threads > 16)
+    return make_error("expert store: loader_threads must be 1 to 16, not {}", options_.loader_threads);
+  COLIBRI_TRY(preload());
   if (options_.prefetch) {
-    if (options_.loader_threads < 1 || options_.loader_threads > 16)
-      return make_error("expert store: loader_threads must be 1 to 16, not {}", options_.loader_threads);
     for (std::int32_t i = 0; i < options_.loader_threads; ++i)
       queues_.push_back(std::make_unique<LoaderQueue>(static_cast<std::uint32_t>(slot_count_)));
     for (auto& queue : queues_) loaders_.emplace_back([this, q = queue.get()] { loader_main(*q); });
@@ -196,6 +197,75 @@ ExpertStore::~ExpertStore() {
         expert_io::page_out(block.mapped, block.size);
       }
     }
+}
+
+std::vector<std::int32_t> ExpertStore::preload_keys() const {
+  const std::vector<ExpertBlockInfo>& blocks = model_->expert_blocks();
+  const bool every_expert_fits = slot_count_ >= blocks.size();
+  if (options_.preload == ExpertPreload::Off || (options_.preload == ExpertPreload::Auto && !every_expert_fits))
+    return {};
+  std::vector<const ExpertBlockInfo*> order;
+  for (const ExpertBlockInfo& b : blocks)
+    if (slot_of_[static_cast<std::size_t>(key_of(b.layer, b.expert))] < 0) order.push_back(&b);
+  std::sort(order.begin(), order.end(),
+            [](const ExpertBlockInfo* a, const ExpertBlockInfo* b) { return a->file_offset < b->file_offset; });
+  order.resize(std::min<std::size_t>(order.size(), slot_count_ - pinned_count_));
+  std::vector<std::int32_t> keys;
+  keys.reserve(order.size());
+  for (const ExpertBlockInfo* b : order) keys.push_back(key_of(b->layer, b->expert));
+  return keys;
+}
+
+Status ExpertStore::preload() {
+  const std::vector<std::int32_t> keys = preload_keys();
+  if (keys.empty()) return Status::Ok();
+  const std::uint64_t start = now_ns();
+  // Slots 0..pinned-1 hold the pinned experts; the preloaded ones get the
+  // next slots and the oldest ticks after them, so every policy evicts them
+  // before any expert a token has used (none has been acquired yet: uses 0).
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const auto index = static_cast<std::int32_t>(pinned_count_ + i);
+    assign(index, keys[i]);
+    slots_[static_cast<std::size_t>(index)].state.store(kLoading, std::memory_order_relaxed);
+  }
+  COLIBRI_TRY(load_assigned(keys));
+  for (const std::int32_t key : keys) preload_bytes_ += blocks_[static_cast<std::size_t>(key)].size;
+  preloaded_ = keys.size();
+  preload_ns_ = now_ns() - start;
+  return Status::Ok();
+}
+
+Status ExpertStore::load_assigned(std::span<const std::int32_t> keys) {
+  std::vector<Status> results(keys.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  // Blocks are taken in file order, so the reads in flight are neighbours and
+  // the device sees one sequential stream, `loader_threads` requests deep.
+  // After a failure no new block is started; every block before the failed
+  // one was already started, so the first failure in file order is known.
+  auto work = [&] {
+    for (;;) {
+      if (failed.load(std::memory_order_relaxed)) return;
+      const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= keys.size()) return;
+      const std::int32_t key = keys[i];
+      Slot& slot = slots_[static_cast<std::size_t>(slot_of_[static_cast<std::size_t>(key)])];
+      results[i] = load(slot, key);
+      // A block never started stays kLoading; the destructor leaves it alone.
+      slot.state.store(results[i].ok() ? kReady : kFailed, std::memory_order_release);
+      if (!results[i].ok()) failed.store(true, std::memory_order_relaxed);
+    }
+  };
+  {
+    std::vector<std::jthread> readers;
+    const std::size_t threads = std::min<std::size_t>(static_cast<std::size_t>(options_.loader_threads), keys.size());
+    for (std::size_t t = 1; t < threads; ++t) readers.emplace_back(work);
+    work();
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (!results[i].ok())
+      return make_error("expert store: preload: {}: {}", describe(keys[i]), results[i].error().message);
+  return Status::Ok();
 }
 
 void ExpertStore::assign(std::int32_t slot_index, std::int32_t key) {
@@ -430,6 +500,9 @@ ExpertStoreTotals ExpertStore::totals() const {
   t.prefetch_wasted = prefetch_wasted_.load(std::memory_order_relaxed);
   t.prefetch_dropped = prefetch_dropped_.load(std::memory_order_relaxed);
   t.resident = resident_.load(std::memory_order_relaxed);
+  t.preloaded = preloaded_;
+  t.preload_bytes = preload_bytes_;
+  t.preload_ns = preload_ns_;
   return t;
 }
 

@@ -57,6 +57,11 @@ struct ExpertStoreTotals {
   std::uint64_t prefetch_wasted = 0;   // prefetched experts evicted before any acquire
   std::uint64_t prefetch_dropped = 0;  // prefetch requests with no slot free to load into
   std::uint64_t resident = 0;          // experts resident or in flight now
+  // The preload at open (ExpertStoreOptions::preload); its bytes are also in
+  // bytes_read, neither hits nor misses. Pinned experts are not counted here.
+  std::uint64_t preloaded = 0;
+  std::uint64_t preload_bytes = 0;
+  std::uint64_t preload_ns = 0;
   double hit_rate() const {
     const std::uint64_t n = hits + misses;
     return n == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(n);
@@ -78,10 +83,11 @@ struct ExpertStoreStats {
 
 class ExpertStore {
  public:
-  // Opens a store over a loaded .colibri model. Errors: a budget below what
-  // one layer's top-k experts plus the pinned ones need (the message says the
-  // minimum), pinned experts out of range, a model not loaded from .colibri
-  // (with a non-zero budget), a hot expert that cannot be read.
+  // Opens a store over a loaded .colibri model, preloading it (the options
+  // say when). Errors: a budget below what one layer's top-k experts plus the
+  // pinned ones need (the message says the minimum), pinned experts out of
+  // range, a model not loaded from .colibri (with a non-zero budget), a hot
+  // or preloaded expert that cannot be read or fails its checksum.
   static Result<std::unique_ptr<ExpertStore>> open(std::shared_ptr<const Model> model,
                                                    ExpertStoreOptions options);
   ~ExpertStore();
@@ -174,6 +180,14 @@ class ExpertStore {
   // Settles a slot the loader has finished with; returns its error if it failed.
   Status settle(Slot& slot, std::int32_t key, std::uint64_t& waited_ns);
   void loader_main(LoaderQueue& queue);
+  // Fills the free slots by the preload option: the experts not resident, in
+  // file order, as many as fit.
+  Status preload();
+  std::vector<std::int32_t> preload_keys() const;
+  // Loads the blocks of `keys`, already assigned to slots, on loader_threads
+  // threads that each take the next block in file order. Returns the error of
+  // the first failed block in that order.
+  Status load_assigned(std::span<const std::int32_t> keys);
   std::string no_slot_message(std::int32_t key) const;
 
   std::shared_ptr<const Model> model_;
@@ -198,6 +212,7 @@ class ExpertStore {
   std::atomic<std::uint64_t> evictions_{0}, prefetch_issued_{0}, prefetch_used_{0}, prefetch_wasted_{0},
       prefetch_dropped_{0}, resident_{0};
   std::atomic<std::uint64_t> prefetch_loaded_{0};  // written by the loader threads
+  std::uint64_t preloaded_ = 0, preload_bytes_ = 0, preload_ns_ = 0;  // set once, in open()
 
   std::vector<std::unique_ptr<LoaderQueue>> queues_;  // one per loader thread
   std::vector<std::thread> loaders_;

@@ -45,6 +45,15 @@ std::string_view io_name(ExpertIo io) {
   return "?";
 }
 
+std::string_view preload_name(ExpertPreload preload) {
+  switch (preload) {
+    case ExpertPreload::Auto: return "auto";
+    case ExpertPreload::On: return "on";
+    case ExpertPreload::Off: return "off";
+  }
+  return "?";
+}
+
 Result<EvictionPolicy> parse_policy(std::string_view text) {
   const std::string t = lower(trim(text));
   if (t == "lru") return EvictionPolicy::LRU;
@@ -59,6 +68,14 @@ Result<ExpertIo> parse_io(std::string_view text) {
   if (t == "pread-direct" || t == "odirect" || t == "o_direct") return ExpertIo::PreadDirect;
   if (t == "mmap") return ExpertIo::MmapAdvise;
   return make_error("unknown expert I/O mode '{}' (expected pread, pread-direct or mmap)", text);
+}
+
+Result<ExpertPreload> parse_preload(std::string_view text) {
+  const std::string t = lower(trim(text));
+  if (t == "auto") return ExpertPreload::Auto;
+  if (t == "on") return ExpertPreload::On;
+  if (t == "off") return ExpertPreload::Off;
+  return make_error("unknown expert preload '{}' (expected auto, on or off)", text);
 }
 
 Result<std::vector<ExpertKey>> parse_pinned(std::string_view text) {

@@ -25,6 +25,14 @@ enum class ExpertIo {
   MmapAdvise,   // use the file mapping in place: populate on load, page out on eviction
 };
 
+// Whether the store reads experts into its free slots when it opens, before
+// any token asks for them (in file order, `loader_threads` reads in flight).
+enum class ExpertPreload {
+  Auto,  // when the budget holds every expert: then no token ever waits for a read
+  On,    // fill the budget even when it cannot hold every expert (the file's first ones)
+  Off,   // read an expert when a token first needs it
+};
+
 struct ExpertKey {
   std::int32_t layer = 0;
   std::int32_t expert = 0;
@@ -42,8 +50,11 @@ struct ExpertStoreOptions {
   // Start loader threads that serve prefetch().
   bool prefetch = false;
   // How many: each keeps one read in flight, so this is the queue depth the
-  // device sees from prefetch (1 to 16).
+  // device sees from prefetch and from the preload (1 to 16).
   std::int32_t loader_threads = 2;
+  // Fill the free slots at open (below). A preload reads every block once,
+  // sequentially, instead of one cold read in the middle of some token.
+  ExpertPreload preload = ExpertPreload::Auto;
   // Recompute each block's XXH3 checksum when it is read into a slot.
   bool verify_checksums = false;
   // Read by the forward pass, not the store: also prefetch the experts the
@@ -55,10 +66,13 @@ struct ExpertStoreOptions {
 
 std::string_view policy_name(EvictionPolicy policy);
 std::string_view io_name(ExpertIo io);
+std::string_view preload_name(ExpertPreload preload);
 // "lru", "lfu", "fifo" (any case).
 Result<EvictionPolicy> parse_policy(std::string_view text);
 // "pread", "pread-direct" (or "odirect"), "mmap".
 Result<ExpertIo> parse_io(std::string_view text);
+// "auto", "on", "off" (any case).
+Result<ExpertPreload> parse_preload(std::string_view text);
 // "layer:expert,layer:expert,..." (spaces allowed around items; empty text is
 // an empty list). Bounds are checked by ExpertStore::open against the model.
 Result<std::vector<ExpertKey>> parse_pinned(std::string_view text);

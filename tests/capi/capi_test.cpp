@@ -653,8 +653,9 @@ TEST_F(CApi, WeightsMemoryKindsGenerateTheSameTokens) {
 // A model loaded with an expert store generates exactly what it generates
 // without one;
 // its policy can be changed, its counters are in colibri_model_info (also
-// through the earlier, shorter stats struct); bad store options are refused
-// by name.
+// through the earlier, shorter stats structs); the preload on or off (also
+// from the earlier options struct, which has no preload field) changes what
+// is read when, not the tokens; bad store options are refused by name.
 TEST_F(CApi, ExpertStoreGeneratesTheSameTokens) {
   const fs::path file = fs::temp_directory_path() / ("colibri_capi_store_" + std::to_string(getpid()) + ".colibri");
   ASSERT_NO_FATAL_FAILURE(convert_int8("olmoe-tiny", file));
@@ -703,12 +704,43 @@ TEST_F(CApi, ExpertStoreGeneratesTheSameTokens) {
   bad.budget_mb = 0;
   EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_model_enable_expert_cache(model, &bad),
                 "colibri_model_enable_expert_cache");
-  ASSERT_EQ(lib::colibri_model_enable_expert_cache(model, &options), COLIBRI_OK) << last_error();
+  bad = options;
+  bad.preload = 3;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_model_enable_expert_cache(model, &bad),
+                "colibri_model_enable_expert_cache");
+  EXPECT_NE(last_error().find("options->preload"), std::string::npos) << last_error();
+  // Preload off: experts are read as the inference needs them (prefetch off
+  // too, so those reads are misses rather than prefetches).
+  bad = options;
+  bad.preload = COLIBRI_CACHE_PRELOAD_OFF;
+  bad.prefetch = 0;
+  ASSERT_EQ(lib::colibri_model_enable_expert_cache(model, &bad), COLIBRI_OK) << last_error();
   colibri_model_stats stats;
   std::memset(&stats, 0, sizeof stats);
   stats.struct_size = sizeof stats;
   ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
+  EXPECT_EQ(stats.expert_cache_preload_bytes, 0u);
+  EXPECT_EQ(generate(model), expected);
+  ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
+  EXPECT_GT(stats.expert_cache_misses, 0u);
+  // An options struct of the earlier header (ending before `preload`, whose
+  // bytes are then not read): AUTO, and the 1 MiB budget holds every expert.
+  colibri_expert_cache_options old_options = options;
+  old_options.preload = 99;
+  old_options.struct_size = offsetof(colibri_expert_cache_options, preload);
+  ASSERT_EQ(lib::colibri_model_enable_expert_cache(model, &old_options), COLIBRI_OK) << last_error();
+  ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
+  EXPECT_GT(stats.expert_cache_preload_bytes, 0u);
+  EXPECT_EQ(generate(model), expected);
+  ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
+  EXPECT_EQ(stats.expert_cache_misses, 0u) << "every expert was preloaded";
+
+  EXPECT_EQ(options.preload, COLIBRI_CACHE_PRELOAD_AUTO);
+  ASSERT_EQ(lib::colibri_model_enable_expert_cache(model, &options), COLIBRI_OK) << last_error();
+  ASSERT_EQ(lib::colibri_model_info(model, &stats), COLIBRI_OK) << last_error();
   ASSERT_GT(stats.expert_cache_bytes, 0u);
+  EXPECT_GT(stats.expert_cache_preload_bytes, 0u);
+  EXPECT_GT(stats.expert_cache_bytes_read, stats.expert_cache_preload_bytes);  // and the pinned expert's
   EXPECT_EQ(generate(model), expected);
   EXPECT_STATUS(COLIBRI_OK, lib::colibri_model_set_cache_policy(model, COLIBRI_CACHE_FIFO),
                 "colibri_model_set_cache_policy");
@@ -725,6 +757,12 @@ TEST_F(CApi, ExpertStoreGeneratesTheSameTokens) {
   old_stats.struct_size = offsetof(colibri_model_stats, expert_cache_bytes);
   ASSERT_EQ(lib::colibri_model_info(model, &old_stats), COLIBRI_OK) << last_error();
   EXPECT_EQ(old_stats.expert_cache_hits, 0xABABABABABABABABull);  // not written past its size
+  // And of the header before the preload fields.
+  std::memset(&old_stats, 0xAB, sizeof old_stats);
+  old_stats.struct_size = offsetof(colibri_model_stats, expert_cache_preload_bytes);
+  ASSERT_EQ(lib::colibri_model_info(model, &old_stats), COLIBRI_OK) << last_error();
+  EXPECT_EQ(old_stats.expert_cache_bytes_read, stats.expert_cache_bytes_read);
+  EXPECT_EQ(old_stats.expert_cache_preload_bytes, 0xABABABABABABABABull);
   lib::colibri_unload_model(model);
 
   // A model converted in memory has no expert blocks to page.

@@ -36,6 +36,22 @@ for io in pread-direct pread mmap; do
     [[ $(tokens "$work/b.json") == "$ref" ]] || fail "tokens differ with a budget ($io, prefetch $prefetch)"
   done
 done
+# Preload: a budget of every expert (16 slots) reads them all when the store
+# opens and nothing while decoding; --cache-preload on fills the 25% budget
+# first. The same tokens either way.
+for io in pread-direct mmap; do
+  for case in "0.8125 auto 16" "$budget_mb on 4"; do
+    read -r mb preload count <<< "$case"
+    "$run" "${args[@]}" --expert-cache-mb "$mb" --cache-io $io --cache-preload "$preload" --logits-out "$work/p.json" \
+      > /dev/null 2> "$work/p.err" || { cat "$work/p.err"; fail "run with preload $preload ($io)"; }
+    grep -q "preloaded $count experts at open" "$work/p.err" ||
+      { cat "$work/p.err"; fail "no preload of $count experts reported ($io, $mb MiB, $preload)"; }
+    [[ $(tokens "$work/p.json") == "$ref" ]] || fail "tokens differ with preload $preload ($io)"
+  done
+  grep -q "hit rate .*, 0 evictions" "$work/p.err" && fail "preload on at 25% did not evict ($io)"
+  "$run" "${args[@]}" --expert-cache-mb 0.8125 --cache-io $io --logits-out "$work/p.json" > /dev/null 2> "$work/p.err"
+  grep -q "hit rate 1.000, .*, 0 evictions" "$work/p.err" || { cat "$work/p.err"; fail "misses after a full preload ($io)"; }
+done
 # A budget below one layer's top-k is refused with the minimum in the message.
 if "$run" "${args[@]}" --expert-cache-mb 0.05 > /dev/null 2> "$work/small.err"; then fail "a too-small budget ran"; fi
 grep -q "the minimum budget is" "$work/small.err" || { cat "$work/small.err"; fail "no minimum in the message"; }

@@ -92,6 +92,9 @@ TEST(SchedulerExpertStore, BatchedRequestsGiveTheSameTokensAndMetrics) {
   EXPECT_NE(text.find("# TYPE colibri_expert_cache_stall_seconds_total counter"), std::string::npos);
   EXPECT_NE(text.find("colibri_expert_cache_evictions_total "), std::string::npos);
   EXPECT_EQ(text.find("colibri_expert_cache_evictions_total 0\n"), std::string::npos) << "no evictions";
+  // 10 slots for 32 experts: preload auto reads nothing ahead.
+  EXPECT_NE(text.find("colibri_expert_cache_preload_bytes_total 0\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE colibri_expert_cache_preload_seconds gauge"), std::string::npos);
   std::filesystem::remove(file);
 }
 

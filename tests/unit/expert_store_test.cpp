@@ -7,8 +7,10 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -148,6 +150,11 @@ struct ReferenceStore {
   std::vector<Entry> entries;
   std::uint64_t tick = 0, hits = 0, misses = 0, evictions = 0;
 
+  // Preloaded experts: loaded before any acquire, in this order, never used.
+  void preload(const std::vector<int>& keys) {
+    for (int key : keys) entries.push_back({key, ++tick, 0, tick, 0});
+  }
+
   void acquire(int key) {
     ++tick;
     for (Entry& e : entries)
@@ -223,6 +230,181 @@ TEST_F(ExpertStoreTest, PoliciesMatchTheReferenceOnRandomTokens) {
       EXPECT_EQ(per_expert, 600u);
       EXPECT_EQ(s.experts[8 + 0].bytes_read, s.experts[8 + 0].misses * mixtral_->expert_blocks()[8].size);
     }
+  }
+}
+
+// The expert keys (layer * n_experts + expert) of a model's blocks in file order.
+std::vector<int> keys_in_file_order(const Model& model) {
+  std::vector<ExpertBlockInfo> blocks = model.expert_blocks();
+  std::sort(blocks.begin(), blocks.end(),
+            [](const ExpertBlockInfo& a, const ExpertBlockInfo& b) { return a.file_offset < b.file_offset; });
+  std::vector<int> keys;
+  for (const auto& b : blocks) keys.push_back(b.layer * model.config().n_experts + b.expert);
+  return keys;
+}
+
+std::uint64_t expert_bytes(const Model& model) {
+  std::uint64_t bytes = 0;
+  for (const auto& b : model.expert_blocks()) bytes += b.size;
+  return bytes;
+}
+
+TEST_F(ExpertStoreTest, PreloadAtAFullBudgetReadsEveryExpertOnceThenNeverMisses) {
+  const std::uint64_t all = mixtral_->expert_blocks().size();
+  for (ExpertIo io : {ExpertIo::Pread, ExpertIo::PreadDirect, ExpertIo::MmapAdvise}) {
+    for (ExpertPreload preload : {ExpertPreload::Auto, ExpertPreload::On}) {
+      SCOPED_TRACE(std::string(io_name(io)) + " preload " + std::string(preload_name(preload)));
+      // One slot more than the experts: the slot count stops at every expert.
+      auto store = open_store(mixtral_, {.budget_bytes = slots_bytes(*mixtral_, all + 1), .io = io,
+                                         .loader_threads = 3, .preload = preload, .verify_checksums = true});
+      ASSERT_TRUE(store);
+      ASSERT_EQ(store->slot_count(), all);
+      auto s = store->stats();
+      EXPECT_EQ(s.totals.preloaded, all);
+      EXPECT_EQ(s.totals.preload_bytes, expert_bytes(*mixtral_));
+      EXPECT_EQ(s.totals.bytes_read, s.totals.preload_bytes) << "preloaded bytes are bytes read";
+      EXPECT_EQ(s.totals.resident, all);
+      EXPECT_EQ(s.totals.hits + s.totals.misses, 0u) << "a preload is neither a hit nor a miss";
+      EXPECT_GT(s.totals.preload_ns, 0u);
+      for (const auto& b : mixtral_->expert_blocks())
+        EXPECT_EQ(s.experts[static_cast<std::size_t>(b.layer * 8 + b.expert)].bytes_read, b.size)
+            << "layer " << b.layer << " expert " << b.expert << " read once";
+
+      std::mt19937 rng(5);
+      std::uniform_int_distribution<int> layer(0, 1), expert(0, 7);
+      for (int i = 0; i < 200; ++i) {
+        const int l = layer(rng), e = expert(rng);
+        auto w = store->acquire(l, e);
+        ASSERT_TRUE(w.ok()) << w.error().message;
+        const FfnWeights& mapped = mixtral_->weights().layers[static_cast<std::size_t>(l)].experts[static_cast<std::size_t>(e)];
+        if (io != ExpertIo::MmapAdvise) expect_same_matrix(mapped.up, (*w)->up, "up");
+        store->release(l, e);
+      }
+      s = store->stats();
+      EXPECT_EQ(s.totals.misses, 0u);
+      EXPECT_EQ(s.totals.hits, 200u);
+      EXPECT_EQ(s.totals.stall_ns, 0u);
+      EXPECT_EQ(s.totals.evictions, 0u);
+      EXPECT_EQ(s.totals.bytes_read, s.totals.preload_bytes) << "nothing read after the preload";
+    }
+  }
+}
+
+TEST_F(ExpertStoreTest, PreloadOffOrABudgetShortOfEveryExpertLoadsOnDemand) {
+  const std::uint64_t all = mixtral_->expert_blocks().size();
+  for (const auto& [slots, preload] : {std::pair{all, ExpertPreload::Off}, std::pair{all - 1, ExpertPreload::Auto}}) {
+    SCOPED_TRACE(std::to_string(slots) + " slots, preload " + std::string(preload_name(preload)));
+    auto store = open_store(mixtral_, {.budget_bytes = slots_bytes(*mixtral_, slots), .io = ExpertIo::Pread,
+                                       .preload = preload});
+    ASSERT_TRUE(store);
+    const auto t = store->totals();
+    EXPECT_EQ(t.preloaded, 0u);
+    EXPECT_EQ(t.bytes_read, 0u);
+    EXPECT_EQ(t.resident, 0u);
+    ASSERT_TRUE(store->acquire(1, 2).ok());
+    EXPECT_EQ(store->totals().misses, 1u);
+  }
+}
+
+// preload = on with a budget short of every expert: the free slots (beside
+// the pinned ones) take the first experts in file order, which every policy
+// then evicts before the experts tokens have used, exactly as the reference
+// simulation with those experts loaded first.
+TEST_F(ExpertStoreTest, PartialPreloadFillsTheBudgetThenEvictsByPolicy) {
+  const std::vector<int> file_order = keys_in_file_order(*mixtral_);
+  const int pinned_key = file_order[1];  // a pinned expert is not preloaded again
+  std::vector<int> expected;
+  for (int key : file_order)
+    if (key != pinned_key && expected.size() < 3) expected.push_back(key);
+  for (EvictionPolicy policy : {EvictionPolicy::LRU, EvictionPolicy::LFU, EvictionPolicy::FIFO}) {
+    SCOPED_TRACE(policy_name(policy));
+    auto store = open_store(mixtral_, {.budget_bytes = slots_bytes(*mixtral_, 4), .policy = policy,
+                                       .io = ExpertIo::Pread, .pinned = {{pinned_key / 8, pinned_key % 8}},
+                                       .preload = ExpertPreload::On});
+    ASSERT_TRUE(store);
+    auto s = store->stats();
+    EXPECT_EQ(s.totals.preloaded, 3u);
+    EXPECT_EQ(s.totals.resident, 4u);
+    for (int key = 0; key < 16; ++key) {
+      const bool loaded = key == pinned_key || std::find(expected.begin(), expected.end(), key) != expected.end();
+      EXPECT_EQ(s.experts[static_cast<std::size_t>(key)].bytes_read > 0, loaded) << "key " << key;
+      EXPECT_EQ(store->resident(key / 8, key % 8), loaded) << "key " << key;
+    }
+
+    ReferenceStore ref{policy, 3, {}};  // the pinned slot is outside the reference
+    ref.preload(expected);
+    std::mt19937 rng(17 + static_cast<unsigned>(policy));
+    std::discrete_distribution<int> pick({6, 5, 4, 1, 1, 1, 1, 1, 3, 2, 1, 1, 1, 1, 1, 1});
+    for (int token = 0; token < 300; ++token) {
+      int a = pick(rng);
+      while (a == pinned_key) a = pick(rng);
+      ref.acquire(a);
+      ASSERT_TRUE(store->acquire(a / 8, a % 8).ok());
+      const auto t = store->totals();
+      ASSERT_EQ(t.hits, ref.hits) << "token " << token << " key " << a;
+      ASSERT_EQ(t.misses, ref.misses) << "token " << token << " key " << a;
+      ASSERT_EQ(t.evictions, ref.evictions) << "token " << token << " key " << a;
+      store->release(a / 8, a % 8);
+      ref.release(a);
+    }
+    EXPECT_GT(store->totals().evictions, 0u);
+    EXPECT_TRUE(store->resident(pinned_key / 8, pinned_key % 8));
+    EXPECT_EQ(store->stats().experts[static_cast<std::size_t>(pinned_key)].misses, 0u);
+  }
+}
+
+// A block that cannot be read, or fails its checksum, during the preload
+// fails the open with the store's message for that expert (the first such
+// block in file order, whichever loader thread read it).
+TEST_F(ExpertStoreTest, PreloadOfABadBlockFailsTheOpenNamingTheExpert) {
+  const auto path = dir_->path() / "preload-bad.colibri";
+  Status converted = colibri_test::convert_checkpoint(colibri_test::fixture_dir("mixtral-tiny"), path, "int8");
+  ASSERT_TRUE(converted.ok()) << converted.error().message;
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const std::uint64_t all = (*model)->expert_blocks().size();
+  const std::vector<int> order = keys_in_file_order(**model);
+  auto block_of = [&](int key) {
+    for (const auto& b : (*model)->expert_blocks())
+      if (b.layer * 8 + b.expert == key) return b;
+    return ExpertBlockInfo{};
+  };
+  auto flip_byte = [&](const ExpertBlockInfo& b) {
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, static_cast<long>(b.file_offset + 10), SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, static_cast<long>(b.file_offset + 10), SEEK_SET);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+  };
+  const ExpertBlockInfo third = block_of(order[3]), ninth = block_of(order[9]);
+  flip_byte(ninth);
+  flip_byte(third);
+  for (std::int32_t loaders : {1, 4}) {
+    auto refused = ExpertStore::open(*model, {.budget_bytes = slots_bytes(**model, all), .io = ExpertIo::Pread,
+                                              .loader_threads = loaders, .verify_checksums = true});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find(
+                  fmt::format("preload: layer {} expert {}: checksum mismatch", third.layer, third.expert)),
+              std::string::npos)
+        << refused.error().message;
+  }
+  // Without verification the flipped bytes go unnoticed, as on demand.
+  EXPECT_TRUE(ExpertStore::open(*model, {.budget_bytes = slots_bytes(**model, all), .io = ExpertIo::Pread}).ok());
+
+  const ExpertBlockInfo last = block_of(order.back());
+  std::filesystem::resize_file(path, last.file_offset + last.size / 2);
+  for (ExpertIo io : {ExpertIo::Pread, ExpertIo::PreadDirect, ExpertIo::MmapAdvise}) {
+    SCOPED_TRACE(io_name(io));
+    auto refused = ExpertStore::open(*model, {.budget_bytes = slots_bytes(**model, all), .io = io});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find(fmt::format("preload: layer {} expert {}: ", last.layer, last.expert)),
+              std::string::npos)
+        << refused.error().message;
+    auto lazy = ExpertStore::open(*model, {.budget_bytes = slots_bytes(**model, all), .io = io,
+                                           .preload = ExpertPreload::Off});
+    EXPECT_TRUE(lazy.ok()) << "the truncation shows only when that expert is read";
   }
 }
 
@@ -529,6 +711,11 @@ TEST(ExpertStoreOptions, Parsers) {
   EXPECT_EQ(*parse_io("pread-direct"), ExpertIo::PreadDirect);
   EXPECT_EQ(*parse_io("mmap"), ExpertIo::MmapAdvise);
   EXPECT_FALSE(parse_io("uring").ok());
+  EXPECT_EQ(*parse_preload("AUTO"), ExpertPreload::Auto);
+  EXPECT_EQ(*parse_preload("on"), ExpertPreload::On);
+  EXPECT_EQ(*parse_preload(" off"), ExpertPreload::Off);
+  EXPECT_FALSE(parse_preload("yes").ok());
+  EXPECT_EQ(preload_name(ExpertPreload::On), "on");
   auto pinned = parse_pinned("0:1,3:12");
   ASSERT_TRUE(pinned.ok());
   ASSERT_EQ(pinned->size(), 2u);

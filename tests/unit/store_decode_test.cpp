@@ -177,6 +177,48 @@ TEST_F(StoreDecodeTest, ABatchNeedingMoreExpertsThanTheBudgetRunsInWaves) {
   }
 }
 
+// A preload changes when experts are read, never what is computed: the same
+// logits with every expert preloaded (then nothing is read while decoding),
+// with only the budget's first experts preloaded (evicted and read again on
+// demand), and with no preload.
+TEST_F(StoreDecodeTest, PreloadGivesTheSameLogits) {
+  for (const char* fixture : {"mixtral-tiny", "olmoe-tiny"}) {
+    auto model = convert_and_load(fixture, "int8");
+    ASSERT_NE(model, nullptr);
+    const auto prompt = first_prompt(fixture);
+    const Logits expected = run(model, prompt, 6, nullptr);
+    const std::uint64_t all = model->expert_blocks().size();
+    const std::uint64_t top_k = static_cast<std::uint64_t>(model->config().top_k);
+    for (ExpertIo io : {ExpertIo::PreadDirect, ExpertIo::MmapAdvise}) {
+      for (const auto& [slots, preload] : {std::pair{all, ExpertPreload::Auto}, std::pair{all, ExpertPreload::Off},
+                                           std::pair{top_k + 1, ExpertPreload::On}}) {
+        SCOPED_TRACE(testing::Message() << fixture << " " << io_name(io) << " " << slots << " slots, preload "
+                                        << preload_name(preload));
+        ExpertStoreOptions options;
+        options.budget_bytes = slots_budget(*model, slots);
+        options.io = io;
+        options.preload = preload;
+        auto store = ExpertStore::open(model, options);
+        ASSERT_TRUE(store.ok()) << store.error().message;
+        const Logits got = run(model, prompt, 6, store->get());
+        ASSERT_EQ(got.size(), expected.size());
+        for (std::size_t p = 0; p < got.size(); ++p) ASSERT_EQ(got[p], expected[p]) << "position " << p;
+        const ExpertStoreTotals t = (*store)->totals();
+        EXPECT_EQ(t.preloaded, preload == ExpertPreload::Off ? 0u : slots);
+        if (preload == ExpertPreload::Auto) {
+          EXPECT_EQ(t.misses, 0u);
+          EXPECT_EQ(t.bytes_read, t.preload_bytes);
+        } else {
+          EXPECT_GT(t.misses, 0u);
+        }
+        if (preload == ExpertPreload::On) {
+          EXPECT_GT(t.evictions, 0u);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(StoreDecodeTest, PredictionCountsAreKept) {
   auto model = convert_and_load("mixtral-tiny", "int8");
   ASSERT_NE(model, nullptr);

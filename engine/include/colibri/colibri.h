@@ -158,6 +158,16 @@ typedef enum colibri_cache_io {
   COLIBRI_CACHE_IO_MMAP = 2          /* the file mapping, populated on load, paged out on eviction */
 } colibri_cache_io;
 
+/* When the expert store reads experts into its budget before any inference
+ * asks for them (docs/EXPERT_STORE.md). */
+typedef enum colibri_cache_preload {
+  COLIBRI_CACHE_PRELOAD_AUTO = 0, /* when the budget holds every expert (default):
+                                     no inference then waits for an expert read */
+  COLIBRI_CACHE_PRELOAD_ON = 1,   /* fill the budget even when it cannot hold every
+                                     expert (the file's first experts) */
+  COLIBRI_CACHE_PRELOAD_OFF = 2   /* read an expert when an inference first needs it */
+} colibri_cache_preload;
+
 typedef struct colibri_load_options {
   size_t struct_size;        /* sizeof(colibri_load_options) */
   int32_t verify_checksums;  /* 0 or 1. .colibri files: recompute every tensor
@@ -223,6 +233,11 @@ typedef struct colibri_expert_cache_options {
                            predicted experts. */
   const char* pinned_experts; /* never evicted, "layer:expert,..."; NULL or
                                  "" for none. Default NULL. */
+  int32_t preload;      /* a colibri_cache_preload, read when
+                           colibri_model_enable_expert_cache opens the store
+                           (it then returns after the reads). Default AUTO; a
+                           struct_size that ends before it (the earlier
+                           header) means AUTO. */
 } colibri_expert_cache_options;
 
 /* struct_size set, every field at its default. */
@@ -237,7 +252,7 @@ COLIBRI_API colibri_expert_cache_options colibri_expert_cache_options_default(vo
  * Errors: NULL_POINTER, INVALID_ARGUMENT (struct_size, a value outside its
  * enum, budget_mb 0 or too large, malformed pinned_experts), UNSUPPORTED (not
  * a .colibri model), LOAD (budget too small, pinned expert out of range, a
- * pinned expert unreadable). */
+ * pinned or preloaded expert unreadable). */
 COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* model,
                                                              const colibri_expert_cache_options* options);
 
@@ -270,8 +285,12 @@ typedef struct colibri_model_stats {
   uint64_t expert_cache_bytes;    /* the budget in effect (slots x slot size) */
   uint64_t expert_cache_hits;     /* acquires that found the expert resident or in flight */
   uint64_t expert_cache_misses;   /* acquires that had to read it */
-  uint64_t expert_cache_bytes_read;
+  uint64_t expert_cache_bytes_read; /* including the preload's */
   uint64_t expert_cache_stall_ns; /* time inference waited for expert reads */
+  /* The preload when the store opened (colibri_cache_preload). A struct_size
+   * that ends before these (the earlier header) is accepted too. */
+  uint64_t expert_cache_preload_bytes;
+  uint64_t expert_cache_preload_ns;
 } colibri_model_stats;
 
 /* Fills *out (whose struct_size the caller has set). The strings belong to
