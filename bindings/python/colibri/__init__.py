@@ -434,8 +434,59 @@ class Model:
         _check(status)
         return result
 
+    # colibri_cache_io and colibri_cache_preload in colibri.h; prefetch as the
+    # integer field documents.
+    _CACHE_IO = {"pread-direct": 0, "pread": 1, "mmap": 2}
+    _CACHE_PREFETCH = {"off": 0, "on": 1, "next": 2}
+    _CACHE_PRELOAD = {"auto": 0, "on": 1, "off": 2}
+
+    def enable_expert_cache(self, budget_mb: int, *, policy: int = CACHE_LRU, io: str = "pread-direct",
+                            prefetch: str = "off", pinned: Optional[str] = None, preload: str = "auto") -> None:
+        """Bounds the memory of the model's routed experts to budget_mb MiB
+        (docs/EXPERT_STORE.md): experts are read from the .colibri file when
+        a token needs them, with exactly the same results. The model must be
+        a .colibri file loaded with weights="map" (the default). policy:
+        CACHE_LRU, CACHE_LFU or CACHE_FIFO; io: "pread-direct", "pread" or
+        "mmap"; prefetch: "off", "on" or "next"; pinned: "layer:expert,..."
+        never evicted; preload: "auto" (read every expert now when the budget
+        holds them all), "on" (fill the budget now) or "off". Inferences on
+        this model then run one at a time. Raises LoadError when the budget is
+        below one layer's top-k experts (the message gives the minimum)."""
+        for value, table, name in ((io, self._CACHE_IO, "io"), (prefetch, self._CACHE_PREFETCH, "prefetch"),
+                                   (preload, self._CACHE_PRELOAD, "preload")):
+            if value not in table:
+                raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")
+        lib = _ffi.lib()
+        options = lib.colibri_expert_cache_options_default()
+        options.budget_mb = int(budget_mb)
+        options.policy = _int32(policy, "policy")
+        options.io = self._CACHE_IO[io]
+        options.prefetch = self._CACHE_PREFETCH[prefetch]
+        options.pinned_experts = pinned.encode() if pinned else None
+        options.preload = self._CACHE_PRELOAD[preload]
+        _check(lib.colibri_model_enable_expert_cache(self._h(), ctypes.byref(options)))
+
+    def expert_cache_stats(self) -> dict:
+        """The expert cache's counters so far (all 0 without one): budget
+        bytes, hits, misses, bytes read (the preload's included), seconds
+        inference waited for reads, and the preload's bytes and seconds."""
+        stats = _ffi.ModelStats()
+        stats.struct_size = ctypes.sizeof(_ffi.ModelStats)
+        _check(_ffi.lib().colibri_model_info(self._h(), ctypes.byref(stats)))
+        return {
+            "budget_bytes": stats.expert_cache_bytes,
+            "hits": stats.expert_cache_hits,
+            "misses": stats.expert_cache_misses,
+            "bytes_read": stats.expert_cache_bytes_read,
+            "stall_seconds": stats.expert_cache_stall_ns * 1e-9,
+            "preload_bytes": stats.expert_cache_preload_bytes,
+            "preload_seconds": stats.expert_cache_preload_ns * 1e-9,
+        }
+
     def set_cache_policy(self, policy: int) -> None:
-        """Raises UnsupportedError: this build has no expert store."""
+        """Changes the expert cache's eviction policy (CACHE_LRU, CACHE_LFU,
+        CACHE_FIFO) from its next eviction. Raises UnsupportedError when the
+        model has no expert cache (enable_expert_cache)."""
         _check(_ffi.lib().colibri_model_set_cache_policy(self._h(), policy))
 
 
@@ -565,7 +616,8 @@ class Router:
         return experts, weights
 
     def set_cache_policy(self, policy: int) -> None:
-        """Raises UnsupportedError: this build has no expert store."""
+        """Raises UnsupportedError: a router holds no experts, so it has no
+        cache (Model.set_cache_policy applies to a model's expert cache)."""
         _check(_ffi.lib().colibri_set_cache_policy(self._handle, policy))
 
 

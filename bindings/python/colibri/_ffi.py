@@ -75,6 +75,25 @@ class ModelStats(ctypes.Structure):
         ("bos_token_id", c_int32),
         ("eos_token_id", c_int32),
         ("weight_bytes", c_uint64),
+        ("expert_cache_bytes", c_uint64),
+        ("expert_cache_hits", c_uint64),
+        ("expert_cache_misses", c_uint64),
+        ("expert_cache_bytes_read", c_uint64),
+        ("expert_cache_stall_ns", c_uint64),
+        ("expert_cache_preload_bytes", c_uint64),
+        ("expert_cache_preload_ns", c_uint64),
+    ]
+
+
+class ExpertCacheOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("budget_mb", c_uint64),
+        ("policy", c_int32),
+        ("io", c_int32),
+        ("prefetch", c_int32),
+        ("pinned_experts", c_char_p),
+        ("preload", c_int32),
     ]
 
 
@@ -138,6 +157,8 @@ _PROTOTYPES = {
     "colibri_load_model_with_memory": (ctypes.c_int, [c_char_p, _P(LoadOptions), ctypes.c_int32, _P(c_void_p)]),
     "colibri_unload_model": (None, [c_void_p]),
     "colibri_model_info": (ctypes.c_int, [c_void_p, _P(ModelStats)]),
+    "colibri_expert_cache_options_default": (ExpertCacheOptions, []),
+    "colibri_model_enable_expert_cache": (ctypes.c_int, [c_void_p, _P(ExpertCacheOptions)]),
     "colibri_tokenize": (ctypes.c_int, [c_void_p, c_char_p, c_uint32, _P(c_void_p), _P(c_size_t)]),
     "colibri_free_tokens": (None, [c_void_p]),
     "colibri_detokenize": (ctypes.c_int, [c_void_p, c_void_p, c_size_t, c_uint32, _P(c_void_p), _P(c_size_t)]),
