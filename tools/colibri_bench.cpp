@@ -22,6 +22,7 @@
 #include "moe/router.h"
 #include "read_bandwidth.h"
 #include "runtime/batch_decoder.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "kv_cache_flag.h"
@@ -235,6 +236,7 @@ int main(int argc, char** argv) {
   std::int32_t prompt_tokens = 128, gen_tokens = 64, requests = 3, warmup = 1, passes = 5;
   std::size_t bandwidth_mib = 0;
   std::uint64_t seed = 1;
+  float temperature = 0.0f;
   bool json = false, no_pin = false;
   std::string step_times_path;
   std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
@@ -253,7 +255,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("-r,--requests", requests, "Timed requests")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("-w,--warmup", warmup, "Untimed requests first")->capture_default_str()->check(CLI::Range(0, 100000));
-  app.add_option("--seed", seed, "Seed of the random prompts")->capture_default_str();
+  app.add_option("--seed", seed, "Seed of the random prompts (and of --temperature's sampling)")->capture_default_str();
+  app.add_option("--temperature", temperature,
+                 "Sample each decoded token at this temperature instead of the greedy pick (0). Random "
+                 "weights decoded greedily fall into a loop of a few tokens, so an expert cache sees a "
+                 "small working set; sampled tokens route anew each step: the disk-bound case")
+      ->check(CLI::Range(0.0f, 100.0f))
+      ->capture_default_str();
   app.add_option("--bandwidth-mib", bandwidth_mib, "Read-test buffer in MiB (default: 4x the LLC, 512-2048)");
   app.add_option("--bandwidth-passes", passes, "Timed passes of the read test")
       ->capture_default_str()
@@ -365,7 +373,19 @@ int main(int argc, char** argv) {
     return prompt;
   };
 
+  colibri::SamplingParams sampling;
+  sampling.temperature = temperature;
+  colibri::Sampler sampler(sampling, config.vocab);
+  std::vector<float> pick_buffer(static_cast<std::size_t>(config.vocab));
+  std::uint64_t request_index = 0;
+  auto pick = [&](std::span<const float> logits) {
+    if (temperature == 0.0f) return argmax(logits);
+    std::copy(logits.begin(), logits.end(), pick_buffer.begin());
+    return sampler.sample(std::span<float>(pick_buffer.data(), logits.size()), {});
+  };
+
   auto run_request = [&](bool timed) -> colibri::Result<RequestResult> {
+    sampler.reseed(seed + request_index++);
     RequestResult r;
     r.step_seconds.reserve(static_cast<std::size_t>(gen_tokens));
     r.router_seconds.reserve(static_cast<std::size_t>(gen_tokens));
@@ -377,7 +397,7 @@ int main(int argc, char** argv) {
     if (!logits) return logits.error();
     r.prefill_seconds = seconds_since(start);
     r.prefill_cpu_seconds = colibri::benchtool::process_cpu_seconds() - cpu_start;
-    std::int32_t token = argmax(*logits);
+    std::int32_t token = pick(*logits);
     r.ttft_seconds = seconds_since(start);
     router_timer.active = timed;
     phase_timer.active = timed;
@@ -390,7 +410,7 @@ int main(int argc, char** argv) {
       phase_timer.last = step_start;
       auto step = session.decode(token);
       if (!step) return step.error();
-      token = argmax(*step);
+      token = pick(*step);
       r.step_seconds.push_back(seconds_since(step_start));
       if (store && timed) {
         add_store_delta(before, store->totals());
@@ -599,6 +619,7 @@ int main(int argc, char** argv) {
       {"cores", cores},
       {"prompt_tokens", prompt_tokens},
       {"gen_tokens", gen_tokens},
+      {"temperature", temperature},
       {"prefill_batch", prefill_batch},
       {"prefill_activations", prefill_activations},
       {"requests", requests},
@@ -661,8 +682,10 @@ int main(int argc, char** argv) {
   };
   line("model", fmt::format("{} ({}, {}, {})", model_path, config.arch->display_name, model->weight_scheme(),
                             gb(static_cast<double>(file_size))));
-  line("run", fmt::format("{} threads on cores [{}], prompt {} tokens, {} decode steps, {} requests after {} warm-up",
-                          threads, fmt::join(cores, ","), prompt_tokens, gen_tokens, requests, warmup));
+  line("run", fmt::format("{} threads on cores [{}], prompt {} tokens, {} decode steps ({}), {} requests after {} warm-up",
+                          threads, fmt::join(cores, ","), prompt_tokens, gen_tokens,
+                          temperature == 0.0f ? std::string("greedy") : fmt::format("sampled at T {}", temperature),
+                          requests, warmup));
   line("load", fmt::format("{:.2f} s", load_seconds));
   if (!model->weights_memory().empty()) line("weights", model->weights_memory());
   if (!model->weights_lock_error().empty()) line("mlock", model->weights_lock_error());

@@ -64,6 +64,16 @@ need(len(doc["thread_pinning"]) == 2, "pinning")
 need(len(doc["per_request"]) == 2, "per request")
 PY
 
+# Sampled decode (the disk-bound case for an expert cache) runs and says so;
+# a negative temperature is refused by name.
+"$bench" --model "$work/a.colibri" --threads 2 --prompt-tokens 8 --gen-tokens 8 --requests 2 --warmup 0 \
+  --bandwidth-mib 64 --bandwidth-passes 2 --temperature 1 --json > "$work/sampled.json" 2> "$work/sampled.err" ||
+  { cat "$work/sampled.err"; fail "colibri-bench --temperature 1 failed"; }
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["temperature"] == 1 and d["decode_tokens_per_s"] > 0 else 1)' \
+  "$work/sampled.json" || fail "sampled bench JSON"
+if "$bench" --model "$work/a.colibri" --temperature -1 > /dev/null 2> "$work/neg.err"; then fail "temperature -1 accepted"; fi
+grep -q -- "--temperature" "$work/neg.err" || { cat "$work/neg.err"; fail "temperature -1 not named"; }
+
 # Refusals name the problem.
 "$synth" no-such-model --out "$work/x.colibri" > /dev/null 2> "$work/err" && fail "unknown shape accepted"
 grep -q "unknown shape 'no-such-model'" "$work/err" || { cat "$work/err"; fail "unknown shape message"; }
