@@ -546,6 +546,17 @@ void r16_blocks_side_by_side(int32_t first, int32_t blocks, const Kernel& kernel
   for (int32_t b = first + S * run; b < first + blocks; ++b) kernel.template operator()<1>(&b);
 }
 
+// Stores K blocks' results (block b[k]'s NV vectors at acc[k * NV + v]),
+// only the lanes inside [row_begin, row_end).
+template <int K, int NV>
+void store_r16_blocks(const int32_t* b, const __m512* acc, float* const* y, int32_t row_begin, int32_t row_end) {
+  for (int k = 0; k < K; ++k) {
+    const int32_t r0 = b[k] * kQ8R16Rows;
+    const __mmask16 mask = q8r16_store_mask(r0, row_begin, row_end);
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y[v] + r0, mask, acc[k * NV + v]);
+  }
+}
+
 // Dispatches a runtime tile width 1..NV to the block kernel instantiated for it.
 template <int NV, class Kernel>
 void q8r16_tile(int32_t nv, const Kernel& kernel) {
@@ -596,10 +607,7 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
     }
     __m512 acc[K * NV];
     q8r16_int8_block<Residual, NV, K>(values, scales, cols, group, groups, xq, acc);
-    for (int k = 0; k < K; ++k) {
-      const __mmask16 mask = q8r16_store_mask(b[k] * kQ8R16Rows, row_begin, row_end);
-      for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y[v] + b[k] * kQ8R16Rows, mask, acc[k * NV + v]);
-    }
+    store_r16_blocks<K, NV>(b, acc, y, row_begin, row_end);
   });
 }
 
@@ -747,10 +755,7 @@ void q4r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
     for (int k = 0; k < K; ++k) block[k] = at[b[k]];
     __m512 acc[K * NV];
     q4r16_int8_block<Residual, NV, K>(block, cols, group, groups, xq, acc);
-    for (int k = 0; k < K; ++k) {
-      const __mmask16 mask = q8r16_store_mask(b[k] * kQ4R16Rows, row_begin, row_end);
-      for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(y[v] + b[k] * kQ4R16Rows, mask, acc[k * NV + v]);
-    }
+    store_r16_blocks<K, NV>(b, acc, y, row_begin, row_end);
   });
 }
 

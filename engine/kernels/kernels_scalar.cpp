@@ -71,6 +71,20 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std
 // the same operations lane-wise. std::fma, not a*b+c: one rounding is part of
 // the definition, and without -mfma a*b+c would round twice.
 
+// The exact int32 dot products of one group's integer weights (value_at(c)
+// for c in [begin, end)) with the activation planes: `dot` with q, `lo` with
+// the residual plane (left 0 without one).
+template <class ValueAt>
+void group_dots(const ActivationView& xq, std::size_t begin, std::size_t end, ValueAt value_at, std::int32_t& dot,
+                std::int32_t& lo) {
+  dot = lo = 0;
+  for (std::size_t c = begin; c < end; ++c) {
+    const int value = value_at(c);
+    dot += value * xq.q[c];
+    if (xq.residual_q != nullptr) lo += value * xq.residual_q[c];
+  }
+}
+
 struct Q8R16Row {
   const std::int8_t* values;  // column c at values[q8r16_column_offset(c)]
   const float* scales;        // group g at scales[g * 16]
@@ -93,12 +107,8 @@ float q8r16_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) 
   for (std::int32_t g = 0; g < groups; ++g) {
     const std::size_t begin = static_cast<std::size_t>(g) * w.group;
     const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
-    std::int32_t dot = 0, lo = 0;
-    for (std::size_t c = begin; c < end; ++c) {
-      const int value = q8r16_value(row, c);
-      dot += value * xq.q[c];
-      if (xq.residual_q != nullptr) lo += value * xq.residual_q[c];
-    }
+    std::int32_t dot, lo;
+    group_dots(xq, begin, end, [&](std::size_t c) { return q8r16_value(row, c); }, dot, lo);
     const float w_scale = row.scales[static_cast<std::size_t>(g) * kQ8R16Rows];
     acc = std::fma(static_cast<float>(dot), w_scale * xq.scales[g], acc);
     if (xq.residual_q != nullptr) acc = std::fma(static_cast<float>(lo), w_scale * xq.residual_scales[g], acc);
@@ -159,12 +169,8 @@ float q4r16_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) 
   for (std::int32_t g = 0; g < groups; ++g) {
     const std::size_t begin = static_cast<std::size_t>(g) * w.group;
     const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
-    std::int32_t dot = 0, lo = 0;
-    for (std::size_t c = begin; c < end; ++c) {
-      const int code = q4r16_code(row, c);
-      dot += code * xq.q[c];
-      if (xq.residual_q != nullptr) lo += code * xq.residual_q[c];
-    }
+    std::int32_t dot, lo;
+    group_dots(xq, begin, end, [&](std::size_t c) { return q4r16_code(row, c); }, dot, lo);
     const std::size_t slot = static_cast<std::size_t>(g) * kQ4R16Rows;
     const float w_scale = f16_to_f32(row.scales[slot]), w_min = f16_to_f32(row.mins[slot]);
     acc = std::fma(static_cast<float>(dot), w_scale * xq.scales[g], acc);
@@ -230,12 +236,9 @@ float q4_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) {
   for (std::int32_t g = 0; g < groups; ++g) {
     const std::size_t begin = static_cast<std::size_t>(g) * w.group;
     const std::size_t end = std::min(cols, begin + static_cast<std::size_t>(w.group));
-    std::int32_t dot = 0, lo = 0;
-    for (std::size_t c = begin; c < end; ++c) {
-      const int code = (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4);
-      dot += code * xq.q[c];
-      if (xq.residual_q != nullptr) lo += code * xq.residual_q[c];
-    }
+    std::int32_t dot, lo;
+    group_dots(xq, begin, end, [&](std::size_t c) { return (c % 2 == 0) ? (packed[c / 2] & 0x0f) : (packed[c / 2] >> 4); },
+               dot, lo);
     // w = min + scale * code, so the min term needs only the group's sum of x.
     sum += ws[g] * xq.scales[g] * static_cast<float>(dot) +
            mins[g] * (xq.scales[g] * static_cast<float>(xq.sums[g]));

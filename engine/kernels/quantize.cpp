@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -52,6 +53,17 @@ void quantize_q8r16(std::int32_t rows, std::int32_t cols, std::int32_t group, co
   }
 }
 
+// Smallest and largest of row[begin, end) (begin < end): a Q4 group's min
+// and, with the min, its step.
+std::pair<float, float> value_range(const float* row, std::int32_t begin, std::int32_t end) {
+  float lo = row[begin], hi = row[begin];
+  for (std::int32_t c = begin; c < end; ++c) {
+    lo = std::min(lo, row[c]);
+    hi = std::max(hi, row[c]);
+  }
+  return {lo, hi};
+}
+
 // f16 of a scale or minimum, saturated: a group beyond f16's range (no
 // trained model's weights are) keeps its sign and the largest finite value
 // instead of becoming infinite.
@@ -74,11 +86,7 @@ void quantize_q4r16(std::int32_t rows, std::int32_t cols, std::int32_t group, co
     for (std::size_t g = 0; g < groups; ++g) {
       const std::int32_t begin = static_cast<std::int32_t>(g) * group;
       const std::int32_t end = std::min(cols, begin + group);
-      float lo = row[begin], hi = row[begin];
-      for (std::int32_t c = begin; c < end; ++c) {
-        lo = std::min(lo, row[c]);
-        hi = std::max(hi, row[c]);
-      }
+      const auto [lo, hi] = value_range(row, begin, end);
       const std::uint16_t scale_bits = saturated_f16((hi - lo) / 15.0f), min_bits = saturated_f16(lo);
       const float scale = f16_to_f32(scale_bits), min = f16_to_f32(min_bits);
       const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
@@ -145,11 +153,7 @@ void quantize_weights(WeightFormat format, std::int32_t rows, std::int32_t cols,
       const std::int32_t begin = g * group;
       const std::int32_t end = std::min(cols, begin + group);
       const std::size_t slot = static_cast<std::size_t>(r) * groups + g;
-      float lo = row[begin], hi = row[begin];
-      for (std::int32_t c = begin; c < end; ++c) {
-        lo = std::min(lo, row[c]);
-        hi = std::max(hi, row[c]);
-      }
+      const auto [lo, hi] = value_range(row, begin, end);
       const float scale = (hi - lo) / 15.0f;
       const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
       std::uint8_t* packed = out + static_cast<std::size_t>(r) * ((cols + 1) / 2);
