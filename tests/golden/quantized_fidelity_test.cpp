@@ -183,14 +183,19 @@ TEST_F(QuantizedFidelity, PrefillInt8FfnPresetStaysWithinTheInt8Bounds) {
   EXPECT_LE(f.mean_kl(), 3e-3);
 }
 
+// The same scheme with row-major Q8 and Q4 (--plain-layout).
+QuantScheme plain_layout(QuantScheme scheme) {
+  scheme.interleave = false;
+  scheme.name += "-plain";
+  return scheme;
+}
+
 // int8 files store the multiplied matrices as Q8R16 (the same numbers as Q8,
 // 16 rows interleaved; only the f32 order of the per-group sums differs from
 // the row-major kernels), the embedding as Q8; --plain-q8 keeps Q8 everywhere.
 // Both measure the same against the reference.
 TEST_F(QuantizedFidelity, Q8R16FilesMatchPlainQ8Files) {
-  QuantScheme interleaved = *quant_scheme("int8"), plain = interleaved;
-  plain.interleave = false;
-  plain.name = "int8-plain";
+  const QuantScheme interleaved = *quant_scheme("int8"), plain = plain_layout(interleaved);
   for (const char* fixture : kFixtures) {
     auto a = Model::load(convert(fixture, interleaved));
     auto b = Model::load(convert(fixture, plain));
@@ -212,9 +217,7 @@ TEST_F(QuantizedFidelity, Q8R16FilesMatchPlainQ8Files) {
 // a step, so the fidelity must match plain Q4's closely (the bounds are about
 // a tenth of int4's own distance from the reference).
 TEST_F(QuantizedFidelity, Q4R16FilesMatchPlainQ4Files) {
-  QuantScheme interleaved = *quant_scheme("int4"), plain = interleaved;
-  plain.interleave = false;
-  plain.name = "int4-plain";
+  const QuantScheme interleaved = *quant_scheme("int4"), plain = plain_layout(interleaved);
   for (const char* fixture : kFixtures) {
     auto a = Model::load(convert(fixture, interleaved));
     auto b = Model::load(convert(fixture, plain));
