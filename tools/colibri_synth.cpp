@@ -32,8 +32,13 @@ int main(int argc, char** argv) {
       "colibri-synth: write a .colibri file of a real model's shape with RANDOM weights.\n\n"
       "For benchmarks only: the file loads and runs like any converted model (colibri-inspect\n"
       "--verify, colibri-run, colibri-bench, the server), but its weights are noise, so the\n"
-      "text it generates is meaningless. Weights are approximately normal(0, 0.02), RMSNorm\n"
-      "weights 1, so activations stay finite and routing spreads over the experts. The\n"
+      "text it generates is meaningless. Matrices are approximately normal(0, --std), the\n"
+      "token embeddings normal(0, --embed-std), the products that write into the residual\n"
+      "stream (o_proj, every down_proj) normal(0, --residual-std), RMSNorm weights 1: so\n"
+      "activations stay finite and each token keeps its identity through the layers, and\n"
+      "routing spreads over the experts at every layer as in a trained model (with one std\n"
+      "for everything, as before 2026-11-29, a sequence's tokens all pick the same few\n"
+      "experts from the second layer on, which makes expert-cache figures meaningless). The\n"
       "embedded tokenizer is a synthetic byte-level BPE sized to the shape's vocabulary (256\n"
       "bytes, generated merges, <|endoftext|> as the last id): it encodes any text, but its\n"
       "merges are not learnt. Tensors are generated and written one at a time.\n\n"
@@ -45,7 +50,7 @@ int main(int argc, char** argv) {
   std::string shape_name, quant = "int8", out;
   std::int32_t layers = 0;
   std::uint64_t seed = 1;
-  float weight_std = 0.02f;
+  colibri::synth::SynthScales scales;
   bool no_progress = false;
   colibri_tools::LayoutFlags layout;
   app.add_option("shape", shape_name, "Model shape (see above)")->required();
@@ -54,8 +59,14 @@ int main(int argc, char** argv) {
                  "int8 (the q8 scheme colibri-convert writes), int4, int4-all, f16, bf16 or f32")
       ->capture_default_str();
   app.add_option("--seed", seed, "Seed of the weights; the same seed gives the same file")->capture_default_str();
-  app.add_option("--std", weight_std, "Standard deviation of the matrix weights")
+  app.add_option("--std", scales.weight_std, "Standard deviation of the matrix weights")
       ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--embed-std", scales.embed_std, "Standard deviation of the token embeddings")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 10.0));
+  app.add_option("--residual-std", scales.residual_std,
+                 "Standard deviation of o_proj and the down_proj of every FFN (default: --std / sqrt(2 x layers))")
       ->check(CLI::Range(1e-6, 1.0));
   app.add_option("-o,--out", out, "Output file (default /tmp/colibri-synth/SHAPE[-LN]-QUANT.colibri)");
   layout.add(app);
@@ -84,7 +95,7 @@ int main(int argc, char** argv) {
     if (ec) return fail("cannot create " + parent.string() + ": " + ec.message());
   }
 
-  const colibri::synth::RandomSource source(*config, seed, weight_std);
+  const colibri::synth::RandomSource source(*config, seed, scales);
   const colibri::ConvertInput input{*config, *config_json, tokenizer->tokenizer_json,
                                     tokenizer->tokenizer_config_json, "synthetic", &source};
   colibri::WriteOptions options;

@@ -3,7 +3,7 @@
 # (int8 and int4) verifies with colibri-inspect, is the same for the same seed
 # and differs for another, runs in colibri-run, and colibri-bench --json on it
 # reports every figure with sane values. Bad shapes and layer counts are
-# refused by name.
+# refused by name. Routing of a deep synthetic file spreads over the experts.
 set -euo pipefail
 build_dir=$1
 synth=$build_dir/tools/colibri-synth
@@ -73,6 +73,26 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["te
   "$work/sampled.json" || fail "sampled bench JSON"
 if "$bench" --model "$work/a.colibri" --temperature -1 > /dev/null 2> "$work/neg.err"; then fail "temperature -1 accepted"; fi
 grep -q -- "--temperature" "$work/neg.err" || { cat "$work/neg.err"; fail "temperature -1 not named"; }
+
+# Routing spreads at every layer, as in a trained model: sampled tokens of a
+# 12-layer file pick experts so differently that an LRU budget of a quarter of
+# the experts hits about a quarter of the time (uniform routing: 0.2-0.3).
+# With one std for every matrix (the generator before 2026-11-29) the residual
+# stream turns into the context's average and every token takes the same few
+# experts (hit rate about 0.95): the check below must see both.
+deep_hit_rate() {  # file -> the decode hit rate at a 25 % budget, sampled
+  "$bench" --model "$1" --threads 2 --prompt-tokens 8 --gen-tokens 48 --requests 1 --warmup 0 --bandwidth-mib 64 \
+    --bandwidth-passes 1 --disk-test-mib 0 --expert-cache-percent 25 --temperature 1 --json 2> "$work/deep.err" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["expert_store"]["decode_hit_rate"])' ||
+    { cat "$work/deep.err"; fail "colibri-bench on $1"; }
+}
+"$synth" olmoe-test-deep --quant int8 --out "$work/deep.colibri" --no-progress > /dev/null 2>&1 || fail "synth deep"
+"$synth" olmoe-test-deep --quant int8 --embed-std 0.02 --residual-std 0.02 --out "$work/deep-flat.colibri" \
+  --no-progress > /dev/null 2>&1 || fail "synth deep with one std"
+spread=$(deep_hit_rate "$work/deep.colibri")
+collapsed=$(deep_hit_rate "$work/deep-flat.colibri")
+python3 -c 'import sys; s, c = map(float, sys.argv[1:]); sys.exit(0 if s < 0.45 and c > 0.8 else 1)' "$spread" "$collapsed" ||
+  fail "routing: hit rate at a quarter budget $spread with the default stds (want < 0.45), $collapsed with one std (want > 0.8)"
 
 # Refusals name the problem.
 "$synth" no-such-model --out "$work/x.colibri" > /dev/null 2> "$work/err" && fail "unknown shape accepted"

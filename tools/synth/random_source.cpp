@@ -39,11 +39,31 @@ void fill_normal(std::uint64_t key, float std_dev, float* out, std::size_t begin
 
 }  // namespace
 
-RandomSource::RandomSource(const ModelConfig& config, std::uint64_t seed, float weight_std)
-    : seed_(seed), weight_std_(weight_std) {
+RandomSource::RandomSource(const ModelConfig& config, std::uint64_t seed, SynthScales scales) : seed_(seed) {
+  const float residual_std =
+      scales.residual_std > 0.0f
+          ? scales.residual_std
+          : scales.weight_std / std::sqrt(2.0f * static_cast<float>(std::max<std::int32_t>(1, config.n_layers)));
   ModelWeights scratch;
-  for (const PlannedTensor& t : plan_tensors(config, scratch, /*tied_lm_head=*/false))
-    tensors_.emplace(t.name, Entry{t.role, t.shape()});
+  const std::vector<PlannedTensor> plan = plan_tensors(config, scratch, /*tied_lm_head=*/false);
+  // The plan's matrices point into `scratch`, so a tensor is recognised by
+  // the field it fills, not by its name (which differs between families).
+  auto writes_residual = [&scratch](const Matrix* m) {
+    for (const LayerWeights& layer : scratch.layers) {
+      if (m == &layer.o || m == &layer.shared.down || m == &layer.dense.down) return true;
+      for (const FfnWeights& expert : layer.experts)
+        if (m == &expert.down) return true;
+    }
+    return false;
+  };
+  for (const PlannedTensor& t : plan) {
+    float std_dev = scales.weight_std;
+    if (t.role == TensorRole::Embedding)
+      std_dev = scales.embed_std;
+    else if (!t.is_vector && writes_residual(t.matrix))
+      std_dev = residual_std;
+    tensors_.emplace(t.name, Entry{t.role, t.shape(), std_dev});
+  }
 }
 
 std::optional<std::vector<std::int64_t>> RandomSource::shape(std::string_view name) const {
@@ -64,20 +84,21 @@ Status RandomSource::read_f32(std::string_view name, std::span<float> out) const
     return Status::Ok();
   }
   const std::uint64_t key = splitmix64(seed_ ^ hash_name(name));
+  const float std_dev = it->second.std_dev;
   // Large tensors (embeddings, lm_head, big experts) in parallel: generating
   // 7 billion values on one thread would dominate a full-size synth.
   constexpr std::size_t kParallelFrom = 1u << 22;
   const std::size_t threads =
       count < kParallelFrom ? 1 : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
   if (threads == 1) {
-    fill_normal(key, weight_std_, out.data(), 0, count);
+    fill_normal(key, std_dev, out.data(), 0, count);
     return Status::Ok();
   }
   std::vector<std::thread> workers;
   const std::size_t per = (count + threads - 1) / threads;
   for (std::size_t t = 0; t < threads; ++t) {
     const std::size_t begin = t * per, end = std::min(count, begin + per);
-    workers.emplace_back(fill_normal, key, weight_std_, out.data(), begin, end);
+    workers.emplace_back(fill_normal, key, std_dev, out.data(), begin, end);
   }
   for (std::thread& w : workers) w.join();
   return Status::Ok();

@@ -52,6 +52,18 @@ constexpr std::array kShapes = {
               "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
               "attention_bias": false, "clip_qkv": null, "rope_scaling": null,
               "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 1023})"},
+    // Not a real model: deep enough (12 layers) for routing to collapse when
+    // the residual stream loses each token's identity (synth_bench.sh checks
+    // that colibri-synth's defaults keep it), still a few MB.
+    Shape{"olmoe-test-deep",
+          "test shape, OLMoE family: hidden 256, 12 layers, 4 heads, 32 experts top-4, expert ff 64, vocab 1024",
+          R"({"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe",
+              "hidden_size": 256, "num_hidden_layers": 12, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "intermediate_size": 64, "num_experts": 32,
+              "num_experts_per_tok": 4, "norm_topk_prob": false, "vocab_size": 1024,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+              "attention_bias": false, "clip_qkv": null, "rope_scaling": null,
+              "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 1023})"},
 };
 
 }  // namespace
