@@ -243,8 +243,10 @@ std::int32_t BatchDecoder::acquire_experts(std::int32_t l, std::int32_t begin) {
   }
 
   // Resident experts first (hits: held from here on, so nothing below can
-  // evict them); then the missing ones are queued together, so their reads
-  // run in parallel on the loader threads while the first one is waited for.
+  // evict them); then all but the first missing one are queued together, so
+  // their reads run in parallel on the loader threads while this thread reads
+  // the first itself. A single miss is read here without a hand-off, exactly
+  // as without prefetch, so prefetch never costs a layer with one miss more.
   held_count_ = 0;
   std::int32_t n_missing = 0;
   Status error = Status::Ok();
@@ -266,7 +268,8 @@ std::int32_t BatchDecoder::acquire_experts(std::int32_t l, std::int32_t begin) {
       missing_[static_cast<std::size_t>(n_missing++)] = e;
   }
   if (error.ok() && n_missing > 0) {
-    store_->prefetch(l, std::span<const std::int32_t>(missing_.data(), static_cast<std::size_t>(n_missing)));
+    if (n_missing > 1)
+      store_->prefetch(l, std::span<const std::int32_t>(missing_.data() + 1, static_cast<std::size_t>(n_missing - 1)));
     for (std::int32_t i = 0; i < n_missing && take(missing_[static_cast<std::size_t>(i)]); ++i) {
     }
   }
