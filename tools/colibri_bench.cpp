@@ -7,12 +7,14 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "benchtool/process_stats.h"
@@ -41,30 +43,39 @@ using colibri::benchtool::percentile;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// The disk's sequential read bandwidth for this file, measured here: up to
-// `bytes` from the middle of the file in 4 MiB O_DIRECT reads (no page cache,
-// so a cached file does not inflate it). 0 when O_DIRECT is refused.
-double disk_read_gbps(const std::string& path, std::uint64_t bytes) {
-  constexpr std::size_t kChunk = 4u << 20;
+// The disk's read bandwidth for this file, measured here with O_DIRECT (no
+// page cache, so a cached file does not inflate it): up to `bytes` starting at
+// `first`, in reads of `chunk` bytes, `readers` threads at once (reader r
+// takes chunks r, r + readers, ...). 0 when O_DIRECT is refused.
+double disk_read_gbps(const std::string& path, std::uint64_t bytes, std::uint64_t first_fraction_of_8,
+                      std::size_t chunk, int readers) {
+  chunk = (chunk + 4095) / 4096 * 4096;
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return 0;
-  const off_t size = ::lseek(fd, 0, SEEK_END);
-  void* buffer = ::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const auto size = static_cast<std::uint64_t>(::lseek(fd, 0, SEEK_END));
   double gbps = 0;
-  if (buffer != MAP_FAILED && size > static_cast<off_t>(kChunk)) {
-    const std::uint64_t span = std::min<std::uint64_t>(bytes, static_cast<std::uint64_t>(size) / 2) / kChunk * kChunk;
-    const off_t first = static_cast<off_t>(static_cast<std::uint64_t>(size) / 4 / kChunk * kChunk);
-    std::uint64_t done = 0;
+  if (size > 2 * chunk) {
+    const std::uint64_t first = size * first_fraction_of_8 / 8 / 4096 * 4096;
+    const std::uint64_t chunks = std::min<std::uint64_t>(bytes, (size - first) / 2) / chunk;
+    std::atomic<std::uint64_t> done{0};
+    auto read_part = [&](int reader) {
+      void* buffer = ::mmap(nullptr, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (buffer == MAP_FAILED) return;
+      for (std::uint64_t c = static_cast<std::uint64_t>(reader); c < chunks; c += static_cast<std::uint64_t>(readers)) {
+        const ssize_t got = ::pread(fd, buffer, chunk, static_cast<off_t>(first + c * chunk));
+        if (got <= 0) break;
+        done += static_cast<std::uint64_t>(got);
+      }
+      ::munmap(buffer, chunk);
+    };
     const auto start = Clock::now();
-    while (done < span) {
-      const ssize_t got = ::pread(fd, buffer, kChunk, first + static_cast<off_t>(done));
-      if (got <= 0) break;
-      done += static_cast<std::uint64_t>(got);
-    }
+    std::vector<std::thread> threads;
+    for (int r = 1; r < readers; ++r) threads.emplace_back(read_part, r);
+    read_part(0);
+    for (std::thread& t : threads) t.join();
     const double seconds = seconds_since(start);
-    if (done > 0 && seconds > 0) gbps = static_cast<double>(done) / seconds / 1e9;
+    if (done > 0 && seconds > 0) gbps = static_cast<double>(done.load()) / seconds / 1e9;
   }
-  if (buffer != MAP_FAILED) ::munmap(buffer, kChunk);
   ::close(fd);
   return gbps;
 }
@@ -293,8 +304,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 100.0));
   std::uint64_t disk_test_mib = 1024;
   app.add_option("--disk-test-mib", disk_test_mib,
-                 "With an expert store: MiB of the model file read sequentially with O_DIRECT to measure the "
-                 "disk (0 = skip)")
+                 "With an expert store: MiB of the model file read with O_DIRECT to measure the disk, twice: "
+                 "in 4 MiB reads one at a time, and in expert-block reads four at a time (the store's pattern); "
+                 "the disk bound uses the faster (0 = skip)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -514,7 +526,17 @@ int main(int argc, char** argv) {
   std::string store_line, disk_line, preload_line;
   if (store) {
     const colibri::ExpertStoreTotals store_totals = store->totals();
-    const double disk_gbps = disk_test_mib > 0 ? disk_read_gbps(model_path, disk_test_mib << 20) : 0;
+    // Two ways, in separate quarters of the file so the first does not warm a
+    // cache (the host's, under a VM) for the second: 4 MiB reads one at a time
+    // (how the issue measures the disk), and the store's own pattern, a whole
+    // expert block per read with four at once (what a layer's misses issue
+    // with prefetch on). The bound takes the faster: a decode that beats the
+    // slow test only shows the slow test underestimates the disk.
+    const double disk_serial_gbps =
+        disk_test_mib > 0 ? disk_read_gbps(model_path, disk_test_mib << 20, 2, std::size_t{4} << 20, 1) : 0;
+    const double disk_parallel_gbps =
+        disk_test_mib > 0 ? disk_read_gbps(model_path, disk_test_mib << 20, 4, store->slot_bytes(), 4) : 0;
+    const double disk_gbps = std::max(disk_serial_gbps, disk_parallel_gbps);
     const double steps = static_cast<double>(std::max<std::int64_t>(decode_steps_timed, 1));
     const double bytes_per_token = static_cast<double>(decode_store.bytes_read) / steps;
     const double stall_ms_per_token = static_cast<double>(decode_store.stall_ns) / 1e6 / steps;
@@ -554,6 +576,8 @@ int main(int argc, char** argv) {
                     {"prediction_chosen", predicted.chosen},
                     {"prediction_predicted", predicted.predicted},
                     {"disk_read_GBps", disk_gbps},
+                    {"disk_read_4mib_serial_GBps", disk_serial_gbps},
+                    {"disk_read_expert_blocks_4_parallel_GBps", disk_parallel_gbps},
                     {"disk_bound_tokens_per_s", disk_bound},
                     {"decode_fraction_of_disk_bound", disk_bound > 0 ? decode_rate / disk_bound : 0.0}};
     store_line = fmt::format(
@@ -570,9 +594,12 @@ int main(int argc, char** argv) {
                                                                             static_cast<double>(predicted.chosen))
                              : std::string());
     preload_line = preload_summary(store_totals, colibri::preload_name(store->options().preload));
-    disk_line = disk_gbps > 0 ? fmt::format("{:.2f} GB/s (O_DIRECT, 4 MiB reads, {} MiB of the model file); "
+    disk_line = disk_gbps > 0 ? fmt::format("{:.2f} GB/s (O_DIRECT, {} MiB of the model file: 4 MiB reads one at a time "
+                                            "{:.2f} GB/s, {:.1f} MB reads 4 at a time {:.2f} GB/s); "
                                             "bound {:.2f} tokens/s, decode at {:.2f} x it",
-                                            disk_gbps, disk_test_mib, disk_bound, disk_bound > 0 ? decode_rate / disk_bound : 0.0)
+                                            disk_gbps, disk_test_mib, disk_serial_gbps,
+                                            static_cast<double>(store->slot_bytes()) / 1e6, disk_parallel_gbps, disk_bound,
+                                            disk_bound > 0 ? decode_rate / disk_bound : 0.0)
                               : std::string("not measured");
   }
 
