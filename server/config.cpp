@@ -161,7 +161,8 @@ const std::array kOptions = {
                "<weights> | <microseconds>'. Heavy: for debugging only. COLIBRI_DEBUG_ROUTING=1 sets it.",
                Reload::Hot},
     OptionSpec{"verify_checksums", &C::verify_checksums, 0, 0, "",
-               "For .colibri models, recompute every tensor and expert checksum at the first load. "
+               "For .colibri models, recompute every tensor and expert checksum at the first load; with "
+               "expert_cache_mb, also each expert block's whenever the store reads it. "
                "Reloads always verify every checksum before the new file is swapped in.",
                Reload::Hot},
     OptionSpec{"log_level", &C::log_level, 0, 0, "trace|debug|info|warn|error|off",

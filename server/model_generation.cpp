@@ -209,6 +209,11 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     store.policy = *parse_policy(config.expert_cache_policy);
     store.io = *parse_io(config.expert_cache_io);
     store.preload = *parse_preload(config.expert_cache_preload);
+    // The store reads experts from the file for as long as it serves, so the
+    // check asked for at load also covers every later read: a file rewritten
+    // in place under the server fails the requests that read a changed block
+    // (naming it) instead of running on torn weights.
+    store.verify_checksums = config.verify_checksums;
     store.prefetch = config.expert_prefetch != "off";
     store.predict_next = config.expert_prefetch == "next";
     auto pinned = parse_pinned(config.pinned_experts);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "model/model.h"
 #include "server_harness.h"
 
 namespace colibri::test {
@@ -203,6 +204,57 @@ TEST_F(ReloadTest, CorruptOrTruncatedReplacementKeepsTheOldModel) {
   EXPECT_NE(log.find("still serving"), std::string::npos);
   fs::remove(corrupt);
   fs::remove(half);
+}
+
+// With an expert budget the store reads expert blocks from the file for as
+// long as it serves. A file rewritten in place (not renamed over, so the
+// watcher is not what catches it here: it is off) then hands the store
+// changed bytes: with verify_checksums the request that needs such a block
+// fails naming it and the server keeps serving; without, the same bytes are
+// used silently (the control below), which is why the check is there.
+TEST_F(ReloadTest, ExpertStoreWithVerifyChecksumsRefusesABlockRewrittenInPlace) {
+  fs::copy_file(dir_ / "b.colibri", model_, fs::copy_options::overwrite_existing);
+  std::vector<ExpertBlockInfo> blocks;
+  {
+    auto model = Model::load(model_);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    blocks = (*model)->expert_blocks();
+  }
+  ASSERT_FALSE(blocks.empty());
+  const std::vector<std::string> store = {"--watch-model", "off", "--model-memory", "map", "--expert-cache-mb", "1",
+                                          "--expert-cache-preload", "off"};
+  auto with_args = [&](const char* verify) {
+    std::vector<std::string> args = store;
+    args.insert(args.end(), {"--verify-checksums", verify});
+    return start(args);
+  };
+  auto verified = with_args("true");
+  auto unverified = with_args("false");
+  ASSERT_NE(verified, nullptr);
+  ASSERT_NE(unverified, nullptr);
+  // Nothing has asked for an expert yet, so no block is resident: flip one
+  // byte in the middle of every block.
+  {
+    std::fstream file(model_, std::ios::in | std::ios::out | std::ios::binary);
+    for (const ExpertBlockInfo& b : blocks) {
+      const auto at = static_cast<std::streamoff>(b.file_offset + b.size / 2);
+      char byte = 0;
+      file.seekg(at);
+      file.read(&byte, 1);
+      byte = static_cast<char>(byte ^ 0x5a);
+      file.seekp(at);
+      file.write(&byte, 1);
+    }
+  }
+  const json request = {{"prompt", "hello"}, {"max_tokens", 4}, {"ignore_eos", true}};
+  auto refused = http_post(verified->port(), "/v1/completions", request);
+  EXPECT_NE(refused.status, 200) << refused.body;
+  EXPECT_NE(refused.body.find("checksum"), std::string::npos) << refused.body;
+  EXPECT_NE(refused.body.find("expert"), std::string::npos) << refused.body;
+  EXPECT_EQ(kill(verified->pid(), 0), 0) << "the server died: " << verified->log();
+  EXPECT_EQ(http_get(verified->port(), "/health").status, 200);
+  auto silent = http_post(unverified->port(), "/v1/completions", request);
+  EXPECT_EQ(silent.status, 200) << silent.body;
 }
 
 TEST_F(ReloadTest, Sigusr1UnloadsAndSighupLoadsAgain) {
