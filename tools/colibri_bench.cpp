@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,10 +26,13 @@
 #include "moe/router.h"
 #include "read_bandwidth.h"
 #include "runtime/batch_decoder.h"
+#include "runtime/perplexity.h"
+#include "runtime/routing_fidelity.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "kv_cache_flag.h"
+#include "routing_flags.h"
 #include "store_flags.h"
 #include "weights_flags.h"
 
@@ -239,9 +244,19 @@ int main(int argc, char** argv) {
       "layer, one embedding row and the lm_head, as stored (scales included).\n\n"
       "A machine shared with other work gives noisy figures: compare runs made together.\n"
       "Models from colibri-synth have random weights: their speed is real, their text is not.\n\n"
+      "With --routing MODE (int8, group-limited, hash, load-aware, or all), each opt-in routing\n"
+      "mode's fidelity cost is then measured against standard routing, as colibri-perplexity\n"
+      "--routing does (docs/ROUTING.md): top-1 agreement of next-token choices, mean KL divergence\n"
+      "of the output distributions, and the perplexity with the mode and with standard routing, in\n"
+      "windows of min(256, the model's context) tokens on one thread, at most --routing-max-tokens\n"
+      "scored. The fixed prompt set is --routing-text FILE (UTF-8, tokenized without special\n"
+      "tokens) or, without it, the benchmark's own random prompts (the --warmup + --requests\n"
+      "prompts of --prompt-tokens ids drawn from --seed, the ids prefilled above) concatenated;\n"
+      "perplexity is only meaningful on a trained model and real text.\n\n"
       "Example:\n"
       "  colibri-bench --model /tmp/colibri-synth/olmoe-1b-7b-int8.colibri --threads 2 \\\n"
-      "      --prompt-tokens 128 --gen-tokens 64 --requests 3 --warmup 1 --json\n"};
+      "      --prompt-tokens 128 --gen-tokens 64 --requests 3 --warmup 1 --json\n"
+      "  colibri-bench --model models/default --routing all --routing-text held-out.txt\n"};
   std::string model_path, cores_text;
   std::int32_t threads = colibri::ThreadTeam::available_cores();
   std::int32_t prompt_tokens = 128, gen_tokens = 64, requests = 3, warmup = 1, passes = 5;
@@ -308,7 +323,30 @@ int main(int argc, char** argv) {
                  "in 4 MiB reads one at a time, and in expert-block reads four at a time (the store's pattern); "
                  "the disk bound uses the faster (0 = skip)")
       ->capture_default_str();
+  colibri_tools::RoutingFlags routing_flags;
+  CLI::Option* routing_option = routing_flags.add(app);
+  std::string routing_text_path;
+  std::int64_t routing_max_tokens = 2048;
+  app.add_option("--routing-text", routing_text_path,
+                 "UTF-8 text the --routing modes are measured over (default: the benchmark's random prompts)")
+      ->check(CLI::ExistingFile)
+      ->needs(routing_option);
+  app.add_option("--routing-max-tokens", routing_max_tokens, "--routing: score at most this many tokens (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30))
+      ->needs(routing_option);
   CLI11_PARSE(app, argc, argv);
+
+  // A bad --routing name is refused before anything runs.
+  std::vector<colibri::RoutingOptions> routing_modes;
+  if (routing_flags.enabled()) {
+    auto modes = routing_flags.modes();
+    if (!modes) {
+      std::fprintf(stderr, "colibri-bench: %s\n", routing_flags.refusal().c_str());
+      return 2;
+    }
+    routing_modes = std::move(*modes);
+  }
 
   std::vector<std::int32_t> cores;
   if (!no_pin) {
@@ -375,8 +413,8 @@ int main(int argc, char** argv) {
   // seed. Token content does not change the work a step does.
   const std::int32_t ordinary =
       std::max<std::int32_t>(1, std::min<std::int32_t>(config.vocab, model->tokenizer().vocab_size()) - 1);
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next_prompt = [&] {
+  const std::uint64_t first_state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto make_prompt = [&](std::uint64_t& state) {
     std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_tokens));
     for (std::int32_t& id : prompt) {
       state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -384,6 +422,57 @@ int main(int argc, char** argv) {
     }
     return prompt;
   };
+  std::uint64_t state = first_state;
+  auto next_prompt = [&] { return make_prompt(state); };
+
+  // --routing's fixed prompt set, read (or drawn) before the benchmark so a
+  // bad file or model fails early: --routing-text, or the prompts the
+  // requests below prefill (warm-up ones first), concatenated.
+  std::vector<std::int32_t> routing_tokens;
+  std::size_t routing_tokens_available = 0;  // before the cut to --routing-max-tokens + 1
+  std::int32_t routing_prompts = 0;          // random prompts in routing_tokens
+  colibri::PerplexityOptions routing_options;
+  if (routing_flags.enabled()) {
+    if (config.n_experts <= 0) return fail("--routing needs a mixture-of-experts model; this one has no experts");
+    for (const colibri::RoutingOptions& mode : routing_modes)
+      if (auto router = colibri::make_mode_router(*model, mode); !router)
+        return fail(fmt::format("--routing {}: {}", colibri::routing_mode_name(mode.mode), router.error().message));
+    if (!routing_text_path.empty()) {
+      std::ifstream in(routing_text_path, std::ios::binary);
+      std::stringstream buffer;
+      buffer << in.rdbuf();
+      colibri::EncodeOptions encode;
+      encode.add_special_tokens = false;
+      encode.parse_special = false;
+      auto tokens = model->tokenizer().encode(buffer.str(), encode);
+      if (!tokens) return fail(routing_text_path + ": " + tokens.error().message);
+      routing_tokens = std::move(*tokens);
+    } else {
+      std::uint64_t routing_state = first_state;
+      for (std::int32_t i = 0; i < warmup + requests; ++i) {
+        if (routing_max_tokens > 0 && static_cast<std::int64_t>(routing_tokens.size()) > routing_max_tokens) break;
+        const std::vector<std::int32_t> prompt = make_prompt(routing_state);
+        routing_tokens.insert(routing_tokens.end(), prompt.begin(), prompt.end());
+        ++routing_prompts;
+      }
+    }
+    if (routing_tokens.size() < 2)
+      return fail(fmt::format("--routing needs at least 2 tokens to score; {} has {}",
+                              routing_text_path.empty() ? std::string("the random prompts") : routing_text_path,
+                              routing_tokens.size()));
+    // Only the first max_tokens + 1 tokens can be scored (targets
+    // 1..max_tokens): the rest is not passed on.
+    routing_tokens_available = routing_tokens.size();
+    if (routing_max_tokens > 0 && static_cast<std::int64_t>(routing_tokens.size()) > routing_max_tokens + 1)
+      routing_tokens.resize(static_cast<std::size_t>(routing_max_tokens + 1));
+    routing_options.context = routing_options.stride = std::min<std::int32_t>(256, config.max_positions);
+    routing_options.max_tokens = routing_max_tokens;
+    if (!json)
+      routing_options.progress = [](std::int64_t done, std::int64_t total) {
+        std::fprintf(stderr, "\rrouting fidelity: scored %lld/%lld tokens", static_cast<long long>(done),
+                     static_cast<long long>(total));
+      };
+  }
 
   colibri::SamplingParams sampling;
   sampling.temperature = temperature;
@@ -603,6 +692,16 @@ int main(int argc, char** argv) {
                               : std::string("not measured");
   }
 
+  // --routing: each mode against standard routing over the fixed prompt set.
+  std::vector<colibri::RoutingFidelity> routing_rows;
+  if (routing_flags.enabled()) {
+    auto rows = colibri::measure_routing_fidelity(model, routing_tokens, routing_modes, routing_options);
+    if (!json) std::fputc('\n', stderr);
+    if (!rows) return fail(rows.error().message);
+    routing_rows = std::move(*rows);
+  }
+  const std::string routing_text = routing_text_path.empty() ? std::string("random prompts") : routing_text_path;
+
   const double fault_window = std::max(timed_seconds, 1e-9);
   const auto minor = faults_after.minor - faults_before.minor;
   const auto major = faults_after.major - faults_before.major;
@@ -698,6 +797,13 @@ int main(int argc, char** argv) {
       {"team_pin_errors", team.pin_errors()},
       {"per_request", per_request},
   };
+  if (routing_flags.enabled()) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const colibri::RoutingFidelity& row : routing_rows) rows.push_back(colibri_tools::routing_row_json(row));
+    report["routing_fidelity"] = rows;
+    report["routing_text"] = routing_text;
+    report["routing_context"] = routing_options.context;
+  }
   if (json) {
     std::printf("%s\n", report.dump(2).c_str());
     return 0;
@@ -763,6 +869,19 @@ int main(int argc, char** argv) {
          fmt::format("member {} (tid {}): Cpus_allowed_list {}{}", p["member"].get<std::size_t>(),
                      p["tid"].get<pid_t>(), p["cpus_allowed"].get<std::string>(),
                      p["pinned"].get<bool>() ? " (pinned)" : " (not pinned)"));
+  if (routing_flags.enabled()) {
+    std::string over = routing_text;
+    if (routing_text_path.empty())
+      over = routing_prompts == warmup + requests
+                 ? fmt::format("the {} random prompt{}", routing_prompts, routing_prompts == 1 ? "" : "s")
+                 : fmt::format("the first {} of the {} random prompts", routing_prompts, warmup + requests);
+    line("routing fidelity",
+         fmt::format("each mode against standard routing over {} ({} tokens, context = stride = {}, {} scored)", over,
+                     routing_tokens_available, routing_options.context,
+                     routing_rows.empty() ? std::int64_t{0} : routing_rows.front().result.scored));
+    line("", colibri_tools::routing_table_header());
+    for (const colibri::RoutingFidelity& row : routing_rows) line("", colibri_tools::routing_table_row(row));
+  }
   std::fputs(text.c_str(), stdout);
   return 0;
 }

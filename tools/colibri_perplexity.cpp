@@ -7,8 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <fmt/format.h>
-
+#include "routing_flags.h"
 #include "runtime/perplexity.h"
 #include "runtime/routing_fidelity.h"
 
@@ -35,18 +34,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--stride", options.stride, "Window advance (= context: no overlap)")->capture_default_str();
   app.add_option("--max-tokens", options.max_tokens, "Score at most this many tokens (0 = all)")
       ->capture_default_str();
-  std::string routing;
-  colibri::RoutingOptions routing_options;
-  app.add_option("--routing", routing,
-                 "Measure a routing mode against standard routing: int8, group-limited, hash, load-aware or all");
-  app.add_option("--n-group", routing_options.n_group,
-                 "group-limited: expert groups (default: 4 when the experts divide by 4, else 2)");
-  app.add_option("--topk-group", routing_options.topk_group, "group-limited: groups kept (default: half)");
-  app.add_option("--load-window", routing_options.load_window, "load-aware: tokens in the sliding window")
-      ->capture_default_str();
-  app.add_option("--load-threshold", routing_options.load_threshold,
-                 "load-aware: share of the window's tokens above which an expert passes tokens on")
-      ->capture_default_str();
+  colibri_tools::RoutingFlags routing;
+  routing.add(app);
   app.add_flag("--json", json, "Print the result as JSON");
   app.add_flag("--parse-special", parse_special,
                "Let special-token text in the file (e.g. <|endoftext|> between documents) become "
@@ -82,55 +71,29 @@ int main(int argc, char** argv) {
     options.progress = [](std::int64_t done, std::int64_t total) {
       std::fprintf(stderr, "\rscored %lld/%lld tokens", static_cast<long long>(done), static_cast<long long>(total));
     };
-  if (!routing.empty()) {
+  if (routing.enabled()) {
     if (base) {
       std::fprintf(stderr, "colibri-perplexity: --routing compares the model with itself; drop --kl-base\n");
       return 2;
     }
-    std::vector<colibri::RoutingOptions> modes;
-    for (auto mode : {colibri::RoutingMode::Int8, colibri::RoutingMode::GroupLimited, colibri::RoutingMode::Hash,
-                      colibri::RoutingMode::LoadAware}) {
-      if (routing != "all" && routing != colibri::routing_mode_name(mode)) continue;
-      colibri::RoutingOptions o = routing_options;
-      o.mode = mode;
-      modes.push_back(o);
-    }
-    if (modes.empty()) {
-      std::fprintf(stderr, "colibri-perplexity: --routing '%s' is not int8, group-limited, hash, load-aware or all\n",
-                   routing.c_str());
+    const auto modes = routing.modes();
+    if (!modes) {
+      std::fprintf(stderr, "colibri-perplexity: %s\n", routing.refusal().c_str());
       return 2;
     }
-    auto rows = colibri::measure_routing_fidelity(*model, *tokens, modes, options);
+    auto rows = colibri::measure_routing_fidelity(*model, *tokens, *modes, options);
     if (!json) std::fputc('\n', stderr);
     if (!rows) {
       std::fprintf(stderr, "colibri-perplexity: %s\n", rows.error().message.c_str());
       return 1;
     }
     nlohmann::json out = nlohmann::json::array();
-    if (!json)
-      std::printf("%-14s %10s %12s %10s %12s  %s\n", "mode", "top-1 agr", "mean KL", "ppl", "standard ppl", "notes");
+    if (!json) std::printf("%s\n", colibri_tools::routing_table_header().c_str());
     for (const auto& row : *rows) {
-      std::string notes;
-      if (row.options.mode == colibri::RoutingMode::GroupLimited)
-        notes = fmt::format("{} groups, best {} kept", row.options.n_group, row.options.topk_group);
-      if (row.options.mode == colibri::RoutingMode::LoadAware)
-        notes = fmt::format("window {}, threshold {}", row.options.load_window, row.options.load_threshold);
-      if (row.options.mode == colibri::RoutingMode::Int8)
-        notes = fmt::format("early exit cut {} of {} router rows short", row.int8_rows_skipped,
-                            row.int8_rows_skipped + row.int8_rows_scored);
-      if (json) {
-        out.push_back({{"mode", colibri::routing_mode_name(row.options.mode)},
-                       {"top1_agreement", row.result.top1_agreement()},
-                       {"mean_kl", row.result.mean_kl()},
-                       {"perplexity", row.result.perplexity()},
-                       {"standard_perplexity", row.result.base_perplexity()},
-                       {"tokens_scored", row.result.scored},
-                       {"notes", notes}});
-      } else {
-        std::printf("%-14s %10.4f %12.6f %10.4f %12.4f  %s\n",
-                    std::string(colibri::routing_mode_name(row.options.mode)).c_str(), row.result.top1_agreement(),
-                    row.result.mean_kl(), row.result.perplexity(), row.result.base_perplexity(), notes.c_str());
-      }
+      if (json)
+        out.push_back(colibri_tools::routing_row_json(row));
+      else
+        std::printf("%s\n", colibri_tools::routing_table_row(row).c_str());
     }
     if (json) std::printf("%s\n", out.dump(2).c_str());
     return 0;

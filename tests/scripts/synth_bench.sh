@@ -4,6 +4,8 @@
 # and differs for another, runs in colibri-run, and colibri-bench --json on it
 # reports every figure with sane values. Bad shapes and layer counts are
 # refused by name. Routing of a deep synthetic file spreads over the experts.
+# colibri-bench --routing reports each routing mode's fidelity (synthetic and
+# the bundled trained model).
 set -euo pipefail
 build_dir=$1
 synth=$build_dir/tools/colibri-synth
@@ -73,6 +75,57 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["te
   "$work/sampled.json" || fail "sampled bench JSON"
 if "$bench" --model "$work/a.colibri" --temperature -1 > /dev/null 2> "$work/neg.err"; then fail "temperature -1 accepted"; fi
 grep -q -- "--temperature" "$work/neg.err" || { cat "$work/neg.err"; fail "temperature -1 not named"; }
+
+# --routing measures each opt-in routing mode against standard routing after
+# the benchmark: over the benchmark's own random prompts (3 prompts of 8 ids,
+# 23 targets), and on the bundled trained model over held-out text, where int8
+# routing agrees with standard routing (docs/ROUTING.md: 99.62 % on the whole
+# excerpt). A bad mode is refused by name before the benchmark runs.
+"$bench" --model "$work/a.colibri" --threads 2 --prompt-tokens 8 --gen-tokens 4 --requests 2 --warmup 1 \
+  --bandwidth-mib 64 --bandwidth-passes 1 --routing all --json > "$work/routing.json" 2> "$work/routing.err" ||
+  { cat "$work/routing.err"; fail "colibri-bench --routing all failed"; }
+python3 - "$work/routing.json" <<'PY' || fail "--routing all JSON check"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+def need(cond, what):
+    if not cond:
+        print("bad:", what, json.dumps(doc.get("routing_fidelity"), indent=1)); sys.exit(1)
+rows = doc.get("routing_fidelity")
+need(isinstance(rows, list) and len(rows) == 4, "4 rows")
+need([r["mode"] for r in rows] == ["int8", "group-limited", "hash", "load-aware"], "the four mode names")
+need(doc["routing_text"] == "random prompts", "routing_text")
+for r in rows:
+    need(0 <= r["top1_agreement"] <= 1, r["mode"] + " top1_agreement in [0, 1]")
+    need(r["mean_kl"] >= 0, r["mode"] + " mean_kl >= 0")
+    need(r["perplexity"] > 0 and r["standard_perplexity"] > 0, r["mode"] + " perplexities > 0")
+    need(r["tokens_scored"] == 3 * 8 - 1, r["mode"] + " tokens_scored over the 3 prompts")
+    need(isinstance(r["notes"], str), r["mode"] + " notes")
+need(doc["decode_tokens_per_s"] > 0, "the benchmark still ran")
+PY
+"$bench" --model "$work/a.colibri" --threads 2 --prompt-tokens 8 --gen-tokens 4 --requests 1 --warmup 0 \
+  --bandwidth-mib 64 --bandwidth-passes 1 --routing hash > "$work/routing.txt" 2> "$work/routing.err" ||
+  { cat "$work/routing.err"; fail "colibri-bench --routing hash failed"; }
+grep -q "^routing fidelity .*the 1 random prompt " "$work/routing.txt" && grep -q "^ *hash  " "$work/routing.txt" ||
+  { cat "$work/routing.txt"; fail "--routing table section"; }
+status=0
+"$bench" --model "$work/a.colibri" --routing nonsense > "$work/out" 2> "$work/err" || status=$?
+[[ $status == 2 ]] || { cat "$work/err"; fail "--routing nonsense: exit $status, want 2"; }
+grep -q "'nonsense'" "$work/err" || { cat "$work/err"; fail "--routing nonsense not named"; }
+[[ ! -s "$work/out" ]] || fail "--routing nonsense ran the benchmark"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+"$bench" --model "$root/models/default" --threads 2 --routing int8 \
+  --routing-text "$root/tests/data/default-model/heldout-excerpt.txt" --prompt-tokens 16 --gen-tokens 4 --requests 1 \
+  --warmup 0 --bandwidth-mib 64 --bandwidth-passes 1 --json > "$work/trained.json" 2> "$work/trained.err" ||
+  { cat "$work/trained.err"; fail "colibri-bench --routing int8 on models/default failed"; }
+python3 - "$work/trained.json" <<'PY' || fail "--routing int8 on models/default"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["routing_fidelity"]
+ok = (len(rows) == 1 and rows[0]["mode"] == "int8" and rows[0]["top1_agreement"] >= 0.95
+      and 2000 <= rows[0]["tokens_scored"] <= 2048 and 0 <= rows[0]["mean_kl"] < 0.01
+      and doc["routing_text"].endswith("heldout-excerpt.txt"))
+if not ok: print(json.dumps(rows, indent=1), doc["routing_text"]); sys.exit(1)
+PY
 
 # Routing spreads at every layer, as in a trained model: sampled tokens of a
 # 12-layer file pick experts so differently that an LRU budget of a quarter of
