@@ -78,7 +78,11 @@ Result<PerplexityResult> measure_perplexity(const std::shared_ptr<const Model>& 
   PerplexityResult result;
   std::vector<double> lp, base_lp;
   std::int64_t scored_until = 0;  // targets [1, scored_until] are done
-  for (std::int64_t start = 0; scored_until < total_to_score; start += options.stride) {
+  // A window's targets all lie after its start, so none is left to score once
+  // start reaches total_to_score. (With stride == context, a target on a
+  // window boundary is never scored: without the second condition a
+  // max_tokens on a boundary ran every remaining window for nothing.)
+  for (std::int64_t start = 0; scored_until < total_to_score && start < total_to_score; start += options.stride) {
     const std::int64_t end = std::min<std::int64_t>(start + options.context, n);
     // Score targets t with t > first_target inside (start, end).
     const std::int64_t first_target = scored_until;

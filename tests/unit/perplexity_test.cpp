@@ -64,6 +64,22 @@ TEST(Perplexity, SlidingWindowsScoreEachTargetOnceWithTheMostContext) {
   EXPECT_NEAR(result->perplexity(), std::exp(expected / 49), 1e-6 * result->perplexity());
 }
 
+// max_tokens on a window boundary (20 with windows of 20): target 20 is a
+// window's first token, never scored, so the run must stop after the first
+// window instead of running the two left for nothing (one progress call per
+// window run).
+TEST(Perplexity, MaxTokensOnAWindowBoundaryStopsThere) {
+  auto model = fixture("mixtral-tiny");
+  auto tokens = sample_tokens();
+  int windows = 0;
+  PerplexityOptions options{.context = 20, .stride = 20, .max_tokens = 20};
+  options.progress = [&](std::int64_t, std::int64_t) { ++windows; };
+  auto result = measure_perplexity(model, nullptr, tokens, options);
+  ASSERT_TRUE(result.ok()) << result.error().message;
+  EXPECT_EQ(result->scored, 19);
+  EXPECT_EQ(windows, 1);
+}
+
 TEST(Perplexity, AModelAgainstItselfHasZeroDivergence) {
   auto model = fixture("qwen2moe-tiny");
   auto tokens = sample_tokens();
