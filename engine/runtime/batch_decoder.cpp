@@ -530,17 +530,19 @@ void BatchDecoder::store_kv(std::int32_t l, std::int32_t s) {
   const Slot& slot = slots_[static_cast<std::size_t>(s)];
   Session& session = *slot.session;
   const std::int32_t kv_dim = c.n_kv_heads * c.head_dim;
-  const std::size_t offset =
-      (static_cast<std::size_t>(l) * session.max_context_ + slot.position) * static_cast<std::size_t>(kv_dim);
   const float* k = row(k_, s, kv_dim);
   const float* v = row(v_, s, kv_dim);
-  if (session.kv_type_ == KvCacheType::F16) {
-    // Rounded once here; every later read of this position widens the same bits.
-    kernels::convert_f32_to_f16(k, kv_dim, session.key_cache_f16_.data() + offset);
-    kernels::convert_f32_to_f16(v, kv_dim, session.value_cache_f16_.data() + offset);
-  } else {
-    std::copy_n(k, kv_dim, session.key_cache_.data() + offset);
-    std::copy_n(v, kv_dim, session.value_cache_.data() + offset);
+  for (std::int32_t h = 0; h < c.n_kv_heads; ++h) {
+    const std::size_t offset = session.kv_offset(l, h, slot.position);
+    const std::size_t from = static_cast<std::size_t>(h) * static_cast<std::size_t>(c.head_dim);
+    if (session.kv_type_ == KvCacheType::F16) {
+      // Rounded once here; every later read of this position widens the same bits.
+      kernels::convert_f32_to_f16(k + from, c.head_dim, session.key_cache_f16_.data() + offset);
+      kernels::convert_f32_to_f16(v + from, c.head_dim, session.value_cache_f16_.data() + offset);
+    } else {
+      std::copy_n(k + from, c.head_dim, session.key_cache_.data() + offset);
+      std::copy_n(v + from, c.head_dim, session.value_cache_.data() + offset);
+    }
   }
 }
 
@@ -551,14 +553,13 @@ void BatchDecoder::attention_unit(std::int32_t l, std::int32_t unit, float* scor
   const Slot& slot = slots_[static_cast<std::size_t>(s)];
   const Session& session = *slot.session;
   const std::int32_t head_dim = c.head_dim;
-  const std::size_t kv_dim = static_cast<std::size_t>(c.n_kv_heads) * head_dim;
-  const std::size_t layer_base = static_cast<std::size_t>(l) * session.max_context_ * kv_dim;
-  const std::size_t kv_offset = static_cast<std::size_t>(h / (c.n_heads / c.n_kv_heads)) * head_dim;
+  // The KV head's positions are consecutive rows of head_dim (Session::kv_offset).
+  const auto kv_dim = static_cast<std::size_t>(head_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const std::int32_t n_positions = slot.position + 1;
   const float* q = row(q_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim;
   float* out = row(attn_out_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim;
-  const std::size_t base = layer_base + kv_offset;
+  const std::size_t base = session.kv_offset(l, h / (c.n_heads / c.n_kv_heads), 0);
   if (session.kv_type_ == KvCacheType::F16) {
     kernels::attention_scores_f16(q, session.key_cache_f16_.data() + base, kv_dim, n_positions, head_dim, scale,
                                   scores);
