@@ -1458,16 +1458,18 @@ void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_po
   for (; p < n_positions; ++p) block.template operator()<1>(p);
 }
 
-// Output in slices of 64 floats held in four registers while all positions
-// stream through.
+// Output in slices of up to 128 floats held in eight registers while all
+// positions stream through once (a 128-wide head reads each row once; slices
+// of 64 read every row twice).
 template <class T>
 void attention_values(const float* weights, const T* values, size_t stride, int32_t n_positions, int32_t head_dim,
                       float* out) {
   const size_t dim = static_cast<size_t>(head_dim);
-  for (size_t i = 0; i < dim; i += 64) {
-    __mmask16 m[4];
-    __m512 acc[4];
-    for (int k = 0; k < 4; ++k) {
+  auto slice = [&]<int NS>(size_t i) {
+    __mmask16 m[NS];
+    __m512 acc[NS];
+#pragma GCC unroll 8
+    for (int k = 0; k < NS; ++k) {
       const size_t at = i + 16 * static_cast<size_t>(k);
       m[k] = at < dim ? mask16(dim - at) : __mmask16(0);
       acc[k] = _mm512_setzero_ps();
@@ -1476,10 +1478,18 @@ void attention_values(const float* weights, const T* values, size_t stride, int3
       const __m512 wp = _mm512_set1_ps(weights[p]);
       const T* v = values + static_cast<size_t>(p) * stride + i;
       if (p + kPositionsAhead < n_positions)
-        prefetch_row(v + kPositionsAhead * stride, std::min<size_t>(64, dim - i));
-      for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_ps(wp, load_kv16(v + 16 * k, m[k]), acc[k]);
+        prefetch_row(v + kPositionsAhead * stride, std::min<size_t>(16 * NS, dim - i));
+#pragma GCC unroll 8
+      for (int k = 0; k < NS; ++k) acc[k] = _mm512_fmadd_ps(wp, load_kv16(v + 16 * k, m[k]), acc[k]);
     }
-    for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + i + 16 * k, m[k], acc[k]);
+#pragma GCC unroll 8
+    for (int k = 0; k < NS; ++k) _mm512_mask_storeu_ps(out + i + 16 * k, m[k], acc[k]);
+  };
+  for (size_t i = 0; i < dim; i += 128) {
+    if (dim - i > 64)
+      slice.template operator()<8>(i);
+    else
+      slice.template operator()<4>(i);
   }
 }
 
