@@ -38,6 +38,7 @@ struct Config {
   std::int64_t max_queue = 16;
   std::int64_t queue_timeout_ms = 60000;
   std::int64_t prefill_chunk = 64;
+  std::int64_t prefill_chunk_idle = 256;
   std::string prefill_activations = "same";
   std::int64_t compute_threads = 0;
   std::string compute_cores;

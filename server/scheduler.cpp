@@ -53,7 +53,9 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
   }
   context_ = pool_.front()->max_context();
   prefill_chunk_ = std::clamp(options_.prefill_chunk, 1, std::min(kMaxPrefillChunk, context_));
-  const std::int32_t capacity = options_.max_sessions + prefill_chunk_;
+  prefill_chunk_idle_ =
+      std::clamp(options_.prefill_chunk_idle, prefill_chunk_, std::max(prefill_chunk_, std::min(kMaxPrefillChunk, context_)));
+  const std::int32_t capacity = options_.max_sessions + prefill_chunk_idle_;
   batch_ = std::make_unique<BatchDecoder>(model_, capacity, team_.get(), context_, options_.expert_store.get());
   metrics_.set_expert_store(options_.expert_store);
   items_.reserve(static_cast<std::size_t>(capacity));
@@ -186,7 +188,8 @@ void Scheduler::run() {
     for (Job* job : starting) start_job(*job);
 
     // One step, one batched forward pass: the next token of every decoding
-    // session and up to prefill_chunk prompt tokens, taken from the
+    // session and up to prefill_chunk prompt tokens (prefill_chunk_idle when
+    // none is decoding: there is no stream to delay), taken from the
     // prefilling sessions oldest first. Short prompts that arrive together
     // share a step (and each weight read) instead of waiting a step each.
     items_.clear();
@@ -203,7 +206,7 @@ void Scheduler::run() {
       add_decode(job);
       ++advanced;
     }
-    std::size_t prompt_budget = static_cast<std::size_t>(prefill_chunk_);
+    std::size_t prompt_budget = static_cast<std::size_t>(advanced == 0 ? prefill_chunk_idle_ : prefill_chunk_);
     for (auto& job_ptr : active_) {
       if (prompt_budget == 0) break;
       Job& job = *job_ptr;

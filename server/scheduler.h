@@ -41,6 +41,11 @@ struct SchedulerOptions {
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
   KvCacheType kv_cache = KvCacheType::Auto;  // every session's KV cache element type
   std::int32_t prefill_chunk = 64;  // prompt tokens per step, at most kMaxPrefillChunk
+  // Prompt tokens per step while no generation is decoding: such a step
+  // delays no running stream, so a burst of new requests is prefilled in
+  // fewer, larger passes (each weight read once for more tokens). 0 or less
+  // than prefill_chunk: prefill_chunk.
+  std::int32_t prefill_chunk_idle = 256;
   // Activation modes of a request's prompt tokens (its last one's logits
   // included), as Session::set_prefill_activation_modes; its generated tokens
   // use the default modes. Null: the default modes throughout.
@@ -61,7 +66,7 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  // The batch buffers are sized for max_sessions + prefill_chunk tokens;
+  // The batch buffers are sized for max_sessions + the larger prefill chunk;
   // beyond this many prompt tokens per step they would cost memory for no gain
   // (a chunk this long already reads each weight once per 512 tokens).
   static constexpr std::int32_t kMaxPrefillChunk = 512;
@@ -116,6 +121,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Session>> pool_;
   std::vector<Session*> free_;  // compute thread only
   std::int32_t prefill_chunk_ = 1;
+  std::int32_t prefill_chunk_idle_ = 1;  // >= prefill_chunk_
   // One step's batch: items_[i] belongs to item_jobs_[i]. Compute thread only.
   std::unique_ptr<BatchDecoder> batch_;
   std::vector<BatchItem> items_;

@@ -207,6 +207,38 @@ TEST_F(SchedulerTest, ShortPromptsThatArriveTogetherShareAStep) {
   scheduler.stop();
 }
 
+TEST_F(SchedulerTest, ABurstIsPrefilledInIdleChunksWhileNothingDecodes) {
+  // With no generation decoding a step delays no stream, so it takes up to
+  // prefill_chunk_idle prompt tokens: four 6-token prompts queued before the
+  // first step go in one step even though prefill_chunk is 4. Without the
+  // idle chunk (0: prefill_chunk) the same burst needs a step per 4 tokens
+  // until the first prompt is done, then 4 more per step beside the decoding
+  // ones. (ALongPromptDoesNotStallARunningStream checks that the idle chunk
+  // is not used while a stream decodes.)
+  auto steps_for = [&](std::int32_t idle) {
+    Metrics metrics;
+    SchedulerOptions options;
+    options.max_sessions = 4;
+    options.context = 256;
+    options.prefill_chunk = 4;
+    options.prefill_chunk_idle = idle;
+    Scheduler scheduler(model_, options, metrics);
+    std::vector<std::shared_ptr<StreamChannel>> channels;
+    for (std::int32_t i = 0; i < 4; ++i) {
+      auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
+      EXPECT_TRUE(channel.ok());
+      if (channel.ok()) channels.push_back(*channel);
+    }
+    scheduler.start();
+    for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
+    EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
+    scheduler.stop();
+    return metrics.scheduler_steps.value();
+  };
+  EXPECT_LE(steps_for(24), 1u + 5u + 1u);
+  EXPECT_GE(steps_for(0), 6u + 5u);
+}
+
 TEST_F(SchedulerTest, AShortRequestFinishesWhileALongOneRuns) {
   Metrics metrics;
   SchedulerOptions options;
