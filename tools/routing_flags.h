@@ -6,7 +6,6 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -82,24 +81,14 @@ inline nlohmann::json routing_row_json(const colibri::RoutingFidelity& row) {
 
 // The table's header and rows, without a trailing newline.
 inline std::string routing_table_header() {
-  char buffer[128];
-  std::snprintf(buffer, sizeof buffer, "%-14s %10s %12s %10s %12s  %s", "mode", "top-1 agr", "mean KL", "ppl",
-                "standard ppl", "notes");
-  return buffer;
+  return fmt::format("{:<14} {:>10} {:>12} {:>10} {:>12}  {}", "mode", "top-1 agr", "mean KL", "ppl", "standard ppl",
+                     "notes");
 }
 
 inline std::string routing_table_row(const colibri::RoutingFidelity& row) {
-  const std::string notes = routing_notes(row);
-  const int size = std::snprintf(nullptr, 0, "%-14s %10.4f %12.6f %10.4f %12.4f  %s",
-                                 std::string(colibri::routing_mode_name(row.options.mode)).c_str(),
-                                 row.result.top1_agreement(), row.result.mean_kl(), row.result.perplexity(),
-                                 row.result.base_perplexity(), notes.c_str());
-  std::string text(static_cast<std::size_t>(size) + 1, '\0');
-  std::snprintf(text.data(), text.size(), "%-14s %10.4f %12.6f %10.4f %12.4f  %s",
-                std::string(colibri::routing_mode_name(row.options.mode)).c_str(), row.result.top1_agreement(),
-                row.result.mean_kl(), row.result.perplexity(), row.result.base_perplexity(), notes.c_str());
-  text.resize(static_cast<std::size_t>(size));
-  return text;
+  return fmt::format("{:<14} {:>10.4f} {:>12.6f} {:>10.4f} {:>12.4f}  {}", colibri::routing_mode_name(row.options.mode),
+                     row.result.top1_agreement(), row.result.mean_kl(), row.result.perplexity(),
+                     row.result.base_perplexity(), routing_notes(row));
 }
 
 }  // namespace colibri_tools
