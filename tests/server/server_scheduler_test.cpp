@@ -58,6 +58,29 @@ class SchedulerTest : public ::testing::Test {
     return out;
   }
 
+  // Four 6-token prompts queued before the first step, 5 tokens each: the
+  // scheduler steps the run took.
+  static std::uint64_t burst_steps(std::int32_t prefill_chunk, std::int32_t prefill_chunk_idle) {
+    Metrics metrics;
+    SchedulerOptions options;
+    options.max_sessions = 4;
+    options.context = 256;
+    options.prefill_chunk = prefill_chunk;
+    options.prefill_chunk_idle = prefill_chunk_idle;
+    Scheduler scheduler(model_, options, metrics);
+    std::vector<std::shared_ptr<StreamChannel>> channels;
+    for (std::int32_t i = 0; i < 4; ++i) {
+      auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
+      EXPECT_TRUE(channel.ok());
+      if (channel.ok()) channels.push_back(*channel);
+    }
+    scheduler.start();
+    for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
+    EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
+    scheduler.stop();
+    return metrics.scheduler_steps.value();
+  }
+
   static std::shared_ptr<const Model> model_;
 };
 std::shared_ptr<const Model> SchedulerTest::model_;
@@ -187,56 +210,19 @@ TEST_F(SchedulerTest, ShortPromptsThatArriveTogetherShareAStep) {
   // prefilling requests, oldest first: four 6-token prompts queued before the
   // first step are all fed in it, so the whole run takes one step to prefill
   // plus one per generated token (and a last one that finishes them), not a
-  // step per prompt.
-  Metrics metrics;
-  SchedulerOptions options;
-  options.max_sessions = 4;
-  options.context = 256;
-  options.prefill_chunk = 24;
-  Scheduler scheduler(model_, options, metrics);
-  std::vector<std::shared_ptr<StreamChannel>> channels;
-  for (std::int32_t i = 0; i < 4; ++i) {
-    auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
-    ASSERT_TRUE(channel.ok());
-    channels.push_back(*channel);
-  }
-  scheduler.start();
-  for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
-  EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
-  EXPECT_LE(metrics.scheduler_steps.value(), 1u + 5u + 1u);
-  scheduler.stop();
+  // step per prompt. (No idle chunk, which would feed them together anyway.)
+  EXPECT_LE(burst_steps(24, 0), 1u + 5u + 1u);
 }
 
 TEST_F(SchedulerTest, ABurstIsPrefilledInIdleChunksWhileNothingDecodes) {
   // With no generation decoding a step delays no stream, so it takes up to
-  // prefill_chunk_idle prompt tokens: four 6-token prompts queued before the
-  // first step go in one step even though prefill_chunk is 4. Without the
-  // idle chunk (0: prefill_chunk) the same burst needs a step per 4 tokens
-  // until the first prompt is done, then 4 more per step beside the decoding
-  // ones. (ALongPromptDoesNotStallARunningStream checks that the idle chunk
-  // is not used while a stream decodes.)
-  auto steps_for = [&](std::int32_t idle) {
-    Metrics metrics;
-    SchedulerOptions options;
-    options.max_sessions = 4;
-    options.context = 256;
-    options.prefill_chunk = 4;
-    options.prefill_chunk_idle = idle;
-    Scheduler scheduler(model_, options, metrics);
-    std::vector<std::shared_ptr<StreamChannel>> channels;
-    for (std::int32_t i = 0; i < 4; ++i) {
-      auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
-      EXPECT_TRUE(channel.ok());
-      if (channel.ok()) channels.push_back(*channel);
-    }
-    scheduler.start();
-    for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
-    EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
-    scheduler.stop();
-    return metrics.scheduler_steps.value();
-  };
-  EXPECT_LE(steps_for(24), 1u + 5u + 1u);
-  EXPECT_GE(steps_for(0), 6u + 5u);
+  // prefill_chunk_idle prompt tokens: the same burst goes in one step even
+  // though prefill_chunk is 4. Without the idle chunk (0: prefill_chunk) it
+  // needs a step per 4 tokens until the first prompt is done, then 4 more per
+  // step beside the decoding ones. (ALongPromptDoesNotStallARunningStream
+  // checks that the idle chunk is not used while a stream decodes.)
+  EXPECT_LE(burst_steps(4, 24), 1u + 5u + 1u);
+  EXPECT_GE(burst_steps(4, 0), 6u + 5u);
 }
 
 TEST_F(SchedulerTest, AShortRequestFinishesWhileALongOneRuns) {
