@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "model/weights.h"
@@ -48,19 +49,16 @@ RandomSource::RandomSource(const ModelConfig& config, std::uint64_t seed, SynthS
   const std::vector<PlannedTensor> plan = plan_tensors(config, scratch, /*tied_lm_head=*/false);
   // The plan's matrices point into `scratch`, so a tensor is recognised by
   // the field it fills, not by its name (which differs between families).
-  auto writes_residual = [&scratch](const Matrix* m) {
-    for (const LayerWeights& layer : scratch.layers) {
-      if (m == &layer.o || m == &layer.shared.down || m == &layer.dense.down) return true;
-      for (const FfnWeights& expert : layer.experts)
-        if (m == &expert.down) return true;
-    }
-    return false;
-  };
+  std::unordered_set<const Matrix*> writes_residual;
+  for (const LayerWeights& layer : scratch.layers) {
+    writes_residual.insert({&layer.o, &layer.shared.down, &layer.dense.down});
+    for (const FfnWeights& expert : layer.experts) writes_residual.insert(&expert.down);
+  }
   for (const PlannedTensor& t : plan) {
     float std_dev = scales.weight_std;
     if (t.role == TensorRole::Embedding)
       std_dev = scales.embed_std;
-    else if (!t.is_vector && writes_residual(t.matrix))
+    else if (!t.is_vector && writes_residual.contains(t.matrix))
       std_dev = residual_std;
     tensors_.emplace(t.name, Entry{t.role, t.shape(), std_dev});
   }
