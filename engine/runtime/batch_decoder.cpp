@@ -554,22 +554,22 @@ void BatchDecoder::attention_unit(std::int32_t l, std::int32_t unit, float* scor
   const Session& session = *slot.session;
   const std::int32_t head_dim = c.head_dim;
   // The KV head's positions are consecutive rows of head_dim (Session::kv_offset).
-  const auto kv_dim = static_cast<std::size_t>(head_dim);
+  const auto stride = static_cast<std::size_t>(head_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const std::int32_t n_positions = slot.position + 1;
   const float* q = row(q_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim;
   float* out = row(attn_out_, s, c.n_heads * head_dim) + static_cast<std::size_t>(h) * head_dim;
   const std::size_t base = session.kv_offset(l, h / (c.n_heads / c.n_kv_heads), 0);
   if (session.kv_type_ == KvCacheType::F16) {
-    kernels::attention_scores_f16(q, session.key_cache_f16_.data() + base, kv_dim, n_positions, head_dim, scale,
+    kernels::attention_scores_f16(q, session.key_cache_f16_.data() + base, stride, n_positions, head_dim, scale,
                                   scores);
     kernels::softmax(scores, n_positions);
-    kernels::attention_values_f16(scores, session.value_cache_f16_.data() + base, kv_dim, n_positions, head_dim,
+    kernels::attention_values_f16(scores, session.value_cache_f16_.data() + base, stride, n_positions, head_dim,
                                   out);
   } else {
-    kernels::attention_scores(q, session.key_cache_.data() + base, kv_dim, n_positions, head_dim, scale, scores);
+    kernels::attention_scores(q, session.key_cache_.data() + base, stride, n_positions, head_dim, scale, scores);
     kernels::softmax(scores, n_positions);
-    kernels::attention_values(scores, session.value_cache_.data() + base, kv_dim, n_positions, head_dim, out);
+    kernels::attention_values(scores, session.value_cache_.data() + base, stride, n_positions, head_dim, out);
   }
 }
 

@@ -13,8 +13,6 @@ Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context, T
   max_context_ = max_context > 0 ? std::min(max_context, c.max_positions)
                                  : std::min(c.max_positions, kDefaultMaxContext);
   const std::size_t kv_dim = static_cast<std::size_t>(c.n_kv_heads) * c.head_dim;
-  kv_heads_ = c.n_kv_heads;
-  head_dim_ = c.head_dim;
   const std::size_t kv_elements = static_cast<std::size_t>(c.n_layers) * max_context_ * kv_dim;
   kv_type_ = resolve_kv_cache_type(kv_cache, *model_);
   if (kv_type_ == KvCacheType::F16) {

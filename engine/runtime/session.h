@@ -159,13 +159,13 @@ class Session {
   // rows lay n_kv_heads * head_dim apart (4 KiB for OLMoE's f16 cache, a page
   // and a TLB miss per position), and attention read 13 GB/s.
   std::size_t kv_offset(std::int32_t layer, std::int32_t kv_head, std::int32_t position) const {
-    return ((static_cast<std::size_t>(layer) * static_cast<std::size_t>(kv_heads_) + static_cast<std::size_t>(kv_head)) *
+    const ModelConfig& c = model_->config();
+    return ((static_cast<std::size_t>(layer) * static_cast<std::size_t>(c.n_kv_heads) +
+             static_cast<std::size_t>(kv_head)) *
                 static_cast<std::size_t>(max_context_) +
             static_cast<std::size_t>(position)) *
-           static_cast<std::size_t>(head_dim_);
+           static_cast<std::size_t>(c.head_dim);
   }
-  std::int32_t kv_heads_ = 0;
-  std::int32_t head_dim_ = 0;
   KvCacheType kv_type_ = KvCacheType::F32;
   std::vector<float> key_cache_;
   std::vector<float> value_cache_;
