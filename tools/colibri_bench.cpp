@@ -429,7 +429,6 @@ int main(int argc, char** argv) {
   // bad file or model fails early: --routing-text, or the prompts the
   // requests below prefill (warm-up ones first), concatenated.
   std::vector<std::int32_t> routing_tokens;
-  std::size_t routing_tokens_available = 0;  // before the cut to --routing-max-tokens + 1
   std::int32_t routing_prompts = 0;          // random prompts in routing_tokens
   colibri::PerplexityOptions routing_options;
   if (routing_flags.enabled()) {
@@ -460,11 +459,6 @@ int main(int argc, char** argv) {
       return fail(fmt::format("--routing needs at least 2 tokens to score; {} has {}",
                               routing_text_path.empty() ? std::string("the random prompts") : routing_text_path,
                               routing_tokens.size()));
-    // Only the first max_tokens + 1 tokens can be scored (targets
-    // 1..max_tokens): the rest is not passed on.
-    routing_tokens_available = routing_tokens.size();
-    if (routing_max_tokens > 0 && static_cast<std::int64_t>(routing_tokens.size()) > routing_max_tokens + 1)
-      routing_tokens.resize(static_cast<std::size_t>(routing_max_tokens + 1));
     routing_options.context = routing_options.stride = std::min<std::int32_t>(256, config.max_positions);
     routing_options.max_tokens = routing_max_tokens;
     if (!json)
@@ -877,7 +871,7 @@ int main(int argc, char** argv) {
                  : fmt::format("the first {} of the {} random prompts", routing_prompts, warmup + requests);
     line("routing fidelity",
          fmt::format("each mode against standard routing over {} ({} tokens, context = stride = {}, {} scored)", over,
-                     routing_tokens_available, routing_options.context,
+                     routing_tokens.size(), routing_options.context,
                      routing_rows.empty() ? std::int64_t{0} : routing_rows.front().result.scored));
     line("", colibri_tools::routing_table_header());
     for (const colibri::RoutingFidelity& row : routing_rows) line("", colibri_tools::routing_table_row(row));
