@@ -55,6 +55,7 @@ TEST(SchedulerExpertStore, BatchedRequestsGiveTheSameTokensAndMetrics) {
   options.max_sessions = 3;
   options.context = 128;
   options.prefill_chunk = 2;
+  options.prefill_chunk_idle = 0;  // prompts split across steps from the first one
   options.expert_store = std::move(*store);
   {
     Scheduler scheduler(model, options, metrics);

@@ -21,9 +21,10 @@ class HttpServerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     std::string error;
     // Small prompt chunks keep ClosingDuringPrefillFreesItsSession's prompt
-    // prefilling for seconds on any machine (2000 steps).
+    // prefilling for seconds on any machine (2000 steps), also while nothing
+    // else decodes (--prefill-chunk-idle 0: no larger idle chunk).
     server_ = ServerProcess::start({"--grpc-port", "-1", "--max-sessions", "4", "--max-body-bytes", "65536",
-                                    "--disconnect-poll-ms", "50", "--prefill-chunk", "2"},
+                                    "--disconnect-poll-ms", "50", "--prefill-chunk", "2", "--prefill-chunk-idle", "0"},
                                    error);
     if (!server_) start_error_ = error;
     auto model = Model::load(fixture_dir());

@@ -113,6 +113,7 @@ TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
   scheduler_options.max_sessions = 4;
   scheduler_options.context = 256;
   scheduler_options.prefill_chunk = 3;  // prompts split across steps
+  scheduler_options.prefill_chunk_idle = 0;  // also the first ones, while nothing decodes
   Scheduler scheduler(model_, scheduler_options, metrics);
   scheduler.start();
   std::vector<std::shared_ptr<StreamChannel>> channels;
@@ -183,6 +184,7 @@ TEST_F(SchedulerTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
   scheduler_options.max_sessions = 4;
   scheduler_options.context = 256;
   scheduler_options.prefill_chunk = 5;
+  scheduler_options.prefill_chunk_idle = 0;  // prompts split across steps from the first one
   scheduler_options.prefill_modes = kPrefillInt8Ffn;
   Scheduler scheduler(model, scheduler_options, metrics);
   scheduler.start();
