@@ -611,6 +611,163 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
   });
 }
 
+// ---- Q8R16 tiles over packed activations (prefill, batches) -----------------------
+//
+// Read through one pointer per vector and plane, a tile of 8 vectors with two
+// planes needs 16 base registers for its broadcasts: GCC spilled them to xmm
+// registers and shuffled accumulators around every chunk, and the tile ran
+// vpdpbusd at about half the rate one core issues it (2 per cycle on Zen 5).
+// So a tile's activations are first packed, transposed: for each 4-column
+// chunk one 64-byte line of 16 dwords, [plane][vector], and the kernel
+// broadcasts from one pointer at constant offsets. The arithmetic per lane is
+// q8r16_int8_block's, so results stay bit-identical to matvec.
+
+constexpr int kPackedSources = 2 * kQ8R16Vectors;       // dwords per line: [plane][vector]
+constexpr size_t kPackedMaxCols = 4096;                 // columns a stack-resident pack holds
+constexpr int32_t kPackedMaxGroups = 256;
+constexpr size_t kPackedPanelBytes = 512 * 1024;        // weights walked by every tile while in L2
+
+struct PackedTile {
+  alignas(64) std::int32_t lines[kPackedMaxCols / 4 * kPackedSources];
+  alignas(64) std::int32_t starts[kPackedMaxGroups * kPackedSources];  // -128 x the group's sum
+  alignas(64) float scales[kPackedMaxGroups * kPackedSources];
+};
+
+// 16 rows of 16 dwords (sources) to 16 lines of 16 dwords (chunks).
+inline void transpose16x16(__m512i r[16]) {
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {  // sources 4q..4q+3
+    u[4 * q + 0] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  // u[4q + m], 128-bit lane L: sources 4q..4q+3 at chunk 4L + m.
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    const __m512i a = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), b = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xdd);
+    const __m512i c = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88), d = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xdd);
+    r[m] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[8 + m] = _mm512_shuffle_i32x4(a, c, 0xdd);
+    r[4 + m] = _mm512_shuffle_i32x4(b, d, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(b, d, 0xdd);
+  }
+}
+
+// Packs vectors xs[0..nv) (nv <= 8); sources past nv, and the second plane
+// without a residual, repeat vector 0 and are never read by the kernel.
+void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_t cols, int32_t groups,
+               PackedTile& pack) {
+  const std::int8_t* source[kPackedSources];
+  for (int s = 0; s < kPackedSources; ++s) {
+    const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
+    source[s] = residual && s >= kQ8R16Vectors ? xs[v]->residual_q : xs[v]->q;
+  }
+  // Activation buffers are zero-padded to a multiple of 128 bytes, so whole
+  // 64-byte slices (16 chunks) can be read.
+  for (size_t c = 0; c < cols; c += 64) {
+    __m512i r[16];
+#pragma GCC unroll 16
+    for (int s = 0; s < kPackedSources; ++s) r[s] = _mm512_loadu_si512(source[s] + c);
+    transpose16x16(r);
+    std::int32_t* line = pack.lines + c / 4 * kPackedSources;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) _mm512_store_si512(line + j * kPackedSources, r[j]);
+  }
+  for (int32_t g = 0; g < groups; ++g)
+    for (int s = 0; s < kPackedSources; ++s) {
+      const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
+      const bool second = residual && s >= kQ8R16Vectors;
+      pack.starts[g * kPackedSources + s] = -128 * (second ? xs[v]->residual_sums[g] : xs[v]->sums[g]);
+      pack.scales[g * kPackedSources + s] = second ? xs[v]->residual_scales[g] : xs[v]->scales[g];
+    }
+}
+
+// q8r16_int8_block for one block and a packed tile of NV vectors.
+template <bool Residual, int NV>
+__attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, const float* block_scales, size_t cols,
+                                                  size_t group, int32_t groups, const PackedTile& pack,
+                                                  __m512* acc_out) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+  for (int32_t g = 0; g < groups; ++g) {
+    const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
+    const std::int32_t* starts = pack.starts + g * kPackedSources;
+    __m512i dot[NV], lo[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      dot[v] = _mm512_set1_epi32(starts[v]);
+      if constexpr (Residual) lo[v] = _mm512_set1_epi32(starts[kQ8R16Vectors + v]);
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(block_scales + (static_cast<size_t>(g) + 8) * kQ8R16Rows), _MM_HINT_T0);
+    const std::int8_t* line = reinterpret_cast<const std::int8_t*>(pack.lines + begin / 4 * kPackedSources);
+    for (size_t c = begin; c < end; c += 4, line += 4 * kPackedSources) {
+      const std::int8_t* chunk = values + c * kQ8R16Rows;
+      _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
+      const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(chunk), flip);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        dpbusd_broadcast(dot[v], wv, line + 4 * v);
+        if constexpr (Residual) dpbusd_broadcast(lo[v], wv, line + 4 * (kQ8R16Vectors + v));
+      }
+    }
+    const __m512 w_scales = _mm512_loadu_ps(block_scales + static_cast<size_t>(g) * kQ8R16Rows);
+    const float* x_scales = pack.scales + g * kPackedSources;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[v]), _mm512_mul_ps(w_scales, _mm512_set1_ps(x_scales[v])), acc[v]);
+      if constexpr (Residual)
+        acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[v]),
+                                 _mm512_mul_ps(w_scales, _mm512_set1_ps(x_scales[kQ8R16Vectors + v])), acc[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc_out[v] = acc[v];
+}
+
+bool q8r16_packs(const Matrix& w) {
+  return static_cast<size_t>(w.cols) <= kPackedMaxCols && group_count(w.cols, w.group) <= kPackedMaxGroups;
+}
+
+// Panels of blocks small enough to stay in L2 while every tile of vectors
+// goes through them; each tile packed once per panel.
+template <bool Residual>
+void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
+                         int32_t row_begin, int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const Q8R16Blocks at(w, groups);
+  const int32_t first = row_begin / kQ8R16Rows, last = (row_end - 1) / kQ8R16Rows;
+  const int32_t panel = static_cast<int32_t>(kPackedPanelBytes / at.block_bytes) > 0
+                            ? static_cast<int32_t>(kPackedPanelBytes / at.block_bytes)
+                            : 1;
+  PackedTile pack;
+  for (int32_t p0 = first; p0 <= last; p0 += panel) {
+    const int32_t p1 = p0 + panel - 1 < last ? p0 + panel - 1 : last;
+    for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
+      const int32_t nv = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
+      pack_tile(xq + v0, nv, Residual, cols, groups, pack);
+      for (int32_t b = p0; b <= p1; ++b) {
+        __m512 acc[kQ8R16Vectors];
+        q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
+          q8r16_packed_block<Residual, NV>(at.values_of(b), at.scales_of(b), cols, group, groups, pack, acc);
+        });
+        const int32_t r0 = b * kQ8R16Rows;
+        const __mmask16 store = q8r16_store_mask(r0, row_begin, row_end);
+        for (int32_t v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y[v0 + v] + r0, store, acc[v]);
+      }
+    }
+  }
+}
+
 void q8r16_matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationView* const* xq,
                   float* const* y, int32_t row_begin, int32_t row_end) {
   const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
@@ -622,6 +779,13 @@ void q8r16_matmat(const Matrix& w, int32_t n, const float* const* x, const Activ
       else
         q8r16_int8_streams<false, NV>(w, xq, y, row_begin, row_end);
     });
+    return;
+  }
+  if (xq != nullptr && q8r16_packs(w)) {
+    if (residual)
+      q8r16_packed_matmat<true>(w, n, xq, y, row_begin, row_end);
+    else
+      q8r16_packed_matmat<false>(w, n, xq, y, row_begin, row_end);
     return;
   }
   const int32_t groups = group_count(w.cols, w.group);
