@@ -625,7 +625,7 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
 constexpr int kPackedSources = 2 * kQ8R16Vectors;       // dwords per line: [plane][vector]
 constexpr size_t kPackedMaxCols = 4096;                 // columns a stack-resident pack holds
 constexpr int32_t kPackedMaxGroups = 256;
-constexpr size_t kPackedPanelBytes = 512 * 1024;        // weights walked by every tile while in L2
+constexpr size_t kPackedPanelBytes = 1024 * 1024;       // weights walked by every tile while in L2
 
 struct PackedTile {
   alignas(64) std::int32_t lines[kPackedMaxCols / 4 * kPackedSources];
@@ -680,12 +680,19 @@ void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) _mm512_store_si512(line + j * kPackedSources, r[j]);
   }
+  const std::int32_t* sums[kPackedSources];
+  const float* scales[kPackedSources];
+  for (int s = 0; s < kPackedSources; ++s) {
+    const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
+    const bool second = residual && s >= kQ8R16Vectors;
+    sums[s] = second ? xs[v]->residual_sums : xs[v]->sums;
+    scales[s] = second ? xs[v]->residual_scales : xs[v]->scales;
+  }
   for (int32_t g = 0; g < groups; ++g)
+#pragma GCC unroll 16
     for (int s = 0; s < kPackedSources; ++s) {
-      const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
-      const bool second = residual && s >= kQ8R16Vectors;
-      pack.starts[g * kPackedSources + s] = -128 * (second ? xs[v]->residual_sums[g] : xs[v]->sums[g]);
-      pack.scales[g * kPackedSources + s] = second ? xs[v]->residual_scales[g] : xs[v]->scales[g];
+      pack.starts[g * kPackedSources + s] = -128 * sums[s][g];
+      pack.scales[g * kPackedSources + s] = scales[s][g];
     }
 }
 
