@@ -73,12 +73,13 @@ const std::array kOptions = {
                "new requests their first token sooner.",
                Reload::Hot},
     OptionSpec{"prefill_chunk_idle", &C::prefill_chunk_idle, 0, 65536, "",
-               "Prompt tokens per scheduler step while no generation is decoding (at most 512 are used; "
-               "0 or less than prefill_chunk means prefill_chunk). Such a step delays no running stream, "
-               "so a burst of new requests is prefilled in fewer, larger passes, each weight read once for "
-               "more tokens: the last of the burst gets its first token sooner, the first ones later. The "
-               "batch buffers are sized for max_sessions plus the larger chunk (about 0.3 MB per token on "
-               "an OLMoE-1B-7B shape).",
+               "Prompt tokens per scheduler step while fewer generations decode than wait for their "
+               "first token (at most 512 are used; 0 or less than prefill_chunk means prefill_chunk): "
+               "none decoding, or a burst of new requests behind the first few. Such a step delays few "
+               "streams or none, and a burst is prefilled in fewer, larger passes, each weight read once "
+               "for more tokens: the last of the burst gets its first token sooner, the first ones later. "
+               "The batch buffers are sized for max_sessions plus the larger chunk (about 0.3 MB per token "
+               "on an OLMoE-1B-7B shape).",
                Reload::Hot},
     OptionSpec{"prefill_activations", &C::prefill_activations, 0, 0, "same|int8-ffn",
                "How prompt tokens are multiplied. same: as generated tokens (int8 activations with a "

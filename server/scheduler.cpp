@@ -188,13 +188,15 @@ void Scheduler::run() {
     for (Job* job : starting) start_job(*job);
 
     // One step, one batched forward pass: the next token of every decoding
-    // session and up to prefill_chunk prompt tokens (prefill_chunk_idle when
-    // none is decoding: there is no stream to delay), taken from the
+    // session and up to prefill_chunk prompt tokens, taken from the
     // prefilling sessions oldest first. Short prompts that arrive together
     // share a step (and each weight read) instead of waiting a step each.
+    // While fewer sessions decode than wait for their first token, a step
+    // takes up to prefill_chunk_idle (prompt_tokens_per_step).
     items_.clear();
     item_jobs_.clear();
     std::size_t advanced = 0;
+    std::size_t waiting = 0;
     for (auto& job_ptr : active_) {
       Job& job = *job_ptr;
       if (job.done) continue;
@@ -202,11 +204,15 @@ void Scheduler::run() {
         finish(job, Finish::Cancelled);
         continue;
       }
-      if (job.prefilling()) continue;
+      if (job.prefilling()) {
+        ++waiting;
+        continue;
+      }
       add_decode(job);
       ++advanced;
     }
-    std::size_t prompt_budget = static_cast<std::size_t>(advanced == 0 ? prefill_chunk_idle_ : prefill_chunk_);
+    std::size_t prompt_budget =
+        static_cast<std::size_t>(prompt_tokens_per_step(advanced, waiting, prefill_chunk_, prefill_chunk_idle_));
     for (auto& job_ptr : active_) {
       if (prompt_budget == 0) break;
       Job& job = *job_ptr;

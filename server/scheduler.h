@@ -41,10 +41,11 @@ struct SchedulerOptions {
   std::int32_t context = 0;  // 0: the model's maximum, capped at Session::kDefaultMaxContext
   KvCacheType kv_cache = KvCacheType::Auto;  // every session's KV cache element type
   std::int32_t prefill_chunk = 64;  // prompt tokens per step, at most kMaxPrefillChunk
-  // Prompt tokens per step while no generation is decoding: such a step
-  // delays no running stream, so a burst of new requests is prefilled in
-  // fewer, larger passes (each weight read once for more tokens). 0 or less
-  // than prefill_chunk: prefill_chunk.
+  // Prompt tokens per step while fewer generations decode than wait for
+  // their first token (none decoding, or a burst of new requests behind the
+  // first few): the delay falls on few streams, the gain on more requests,
+  // and larger passes read each weight once for more tokens. 0 or less than
+  // prefill_chunk: prefill_chunk. See prompt_tokens_per_step.
   std::int32_t prefill_chunk_idle = 256;
   // Activation modes of a request's prompt tokens (its last one's logits
   // included), as Session::set_prefill_activation_modes; its generated tokens
@@ -63,6 +64,14 @@ struct SchedulerOptions {
   std::shared_ptr<ExpertStore> expert_store;
   bool debug_routing = false;  // one [ROUTER] log line per token and MoE layer
 };
+
+// The prompt-token budget of one step with `decoding` generations decoding
+// and `waiting` still prefilling: prefill_chunk_idle (>= prefill_chunk) while
+// fewer decode than wait, else prefill_chunk.
+constexpr std::int32_t prompt_tokens_per_step(std::size_t decoding, std::size_t waiting, std::int32_t prefill_chunk,
+                                              std::int32_t prefill_chunk_idle) {
+  return decoding < waiting ? prefill_chunk_idle : prefill_chunk;
+}
 
 class Scheduler {
  public:

@@ -227,6 +227,20 @@ TEST_F(SchedulerTest, ABurstIsPrefilledInIdleChunksWhileNothingDecodes) {
   EXPECT_GE(burst_steps(4, 0), 6u + 5u);
 }
 
+TEST(PromptTokensPerStep, TheIdleChunkWhileFewerDecodeThanWait) {
+  // Nothing decoding: no stream to delay.
+  EXPECT_EQ(prompt_tokens_per_step(0, 1, 64, 256), 256);
+  // A burst of new requests behind the first few streams: most requests
+  // wait for their first token, the larger step delays few.
+  EXPECT_EQ(prompt_tokens_per_step(1, 15, 64, 256), 256);
+  EXPECT_EQ(prompt_tokens_per_step(7, 8, 64, 256), 256);
+  // As many or more streams than waiting requests: prefill_chunk keeps
+  // their inter-token latency (ALongPromptDoesNotStallARunningStream).
+  EXPECT_EQ(prompt_tokens_per_step(1, 1, 64, 256), 64);
+  EXPECT_EQ(prompt_tokens_per_step(8, 8, 64, 256), 64);
+  EXPECT_EQ(prompt_tokens_per_step(15, 1, 64, 256), 64);
+}
+
 TEST_F(SchedulerTest, AShortRequestFinishesWhileALongOneRuns) {
   Metrics metrics;
   SchedulerOptions options;
