@@ -627,6 +627,9 @@ constexpr size_t kPackedMaxCols = 4096;                 // columns a stack-resid
 constexpr int32_t kPackedMaxGroups = 256;
 constexpr size_t kPackedPanelBytes = 1024 * 1024;       // weights walked by every tile while in L2
 
+// 96 KB, on the stack of the thread that runs the product (docs/C_API.md
+// asks embedders for 512 KB stacks): no allocation, and a compute thread's
+// pack stays in its own core's caches.
 struct PackedTile {
   alignas(64) std::int32_t lines[kPackedMaxCols / 4 * kPackedSources];
   alignas(64) std::int32_t starts[kPackedMaxGroups * kPackedSources];  // -128 x the group's sum
@@ -665,9 +668,14 @@ inline void transpose16x16(__m512i r[16]) {
 void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_t cols, int32_t groups,
                PackedTile& pack) {
   const std::int8_t* source[kPackedSources];
+  const std::int32_t* sums[kPackedSources];
+  const float* scales[kPackedSources];
   for (int s = 0; s < kPackedSources; ++s) {
     const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
-    source[s] = residual && s >= kQ8R16Vectors ? xs[v]->residual_q : xs[v]->q;
+    const bool second = residual && s >= kQ8R16Vectors;
+    source[s] = second ? xs[v]->residual_q : xs[v]->q;
+    sums[s] = second ? xs[v]->residual_sums : xs[v]->sums;
+    scales[s] = second ? xs[v]->residual_scales : xs[v]->scales;
   }
   // Activation buffers are zero-padded to a multiple of 128 bytes, so whole
   // 64-byte slices (16 chunks) can be read.
@@ -679,14 +687,6 @@ void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_
     std::int32_t* line = pack.lines + c / 4 * kPackedSources;
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) _mm512_store_si512(line + j * kPackedSources, r[j]);
-  }
-  const std::int32_t* sums[kPackedSources];
-  const float* scales[kPackedSources];
-  for (int s = 0; s < kPackedSources; ++s) {
-    const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
-    const bool second = residual && s >= kQ8R16Vectors;
-    sums[s] = second ? xs[v]->residual_sums : xs[v]->sums;
-    scales[s] = second ? xs[v]->residual_scales : xs[v]->scales;
   }
   for (int32_t g = 0; g < groups; ++g)
 #pragma GCC unroll 16
