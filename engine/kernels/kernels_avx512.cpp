@@ -753,24 +753,19 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
   const int32_t groups = group_count(w.cols, w.group);
   const Q8R16Blocks at(w, groups);
   const int32_t first = row_begin / kQ8R16Rows, last = (row_end - 1) / kQ8R16Rows;
-  const int32_t panel = static_cast<int32_t>(kPackedPanelBytes / at.block_bytes) > 0
-                            ? static_cast<int32_t>(kPackedPanelBytes / at.block_bytes)
-                            : 1;
+  const int32_t panel = kPackedPanelBytes >= at.block_bytes ? static_cast<int32_t>(kPackedPanelBytes / at.block_bytes) : 1;
   PackedTile pack;
   for (int32_t p0 = first; p0 <= last; p0 += panel) {
     const int32_t p1 = p0 + panel - 1 < last ? p0 + panel - 1 : last;
     for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
       const int32_t nv = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
       pack_tile(xq + v0, nv, Residual, cols, groups, pack);
-      for (int32_t b = p0; b <= p1; ++b) {
-        __m512 acc[kQ8R16Vectors];
+      for (int32_t b = p0; b <= p1; ++b)
         q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
+          __m512 acc[NV];
           q8r16_packed_block<Residual, NV>(at.values_of(b), at.scales_of(b), cols, group, groups, pack, acc);
+          store_r16_blocks<1, NV>(&b, acc, y + v0, row_begin, row_end);
         });
-        const int32_t r0 = b * kQ8R16Rows;
-        const __mmask16 store = q8r16_store_mask(r0, row_begin, row_end);
-        for (int32_t v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y[v0 + v] + r0, store, acc[v]);
-      }
     }
   }
 }
