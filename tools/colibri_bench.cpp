@@ -11,10 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +31,7 @@
 #include "runtime/thread_team.h"
 #include "kv_cache_flag.h"
 #include "routing_flags.h"
+#include "text_file_tokens.h"
 #include "store_flags.h"
 #include "weights_flags.h"
 
@@ -437,13 +436,7 @@ int main(int argc, char** argv) {
       if (auto router = colibri::make_mode_router(*model, mode); !router)
         return fail(fmt::format("--routing {}: {}", colibri::routing_mode_name(mode.mode), router.error().message));
     if (!routing_text_path.empty()) {
-      std::ifstream in(routing_text_path, std::ios::binary);
-      std::stringstream buffer;
-      buffer << in.rdbuf();
-      colibri::EncodeOptions encode;
-      encode.add_special_tokens = false;
-      encode.parse_special = false;
-      auto tokens = model->tokenizer().encode(buffer.str(), encode);
+      auto tokens = colibri_tools::encode_text_file(model->tokenizer(), routing_text_path, false);
       if (!tokens) return fail(routing_text_path + ": " + tokens.error().message);
       routing_tokens = std::move(*tokens);
     } else {

@@ -3,11 +3,10 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "routing_flags.h"
+#include "text_file_tokens.h"
 #include "runtime/perplexity.h"
 #include "runtime/routing_fidelity.h"
 
@@ -56,13 +55,7 @@ int main(int argc, char** argv) {
     }
     base = *loaded;
   }
-  std::ifstream in(text_path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  colibri::EncodeOptions encode;
-  encode.add_special_tokens = false;
-  encode.parse_special = parse_special;
-  auto tokens = (*model)->tokenizer().encode(buffer.str(), encode);
+  auto tokens = colibri_tools::encode_text_file((*model)->tokenizer(), text_path, parse_special);
   if (!tokens) {
     std::fprintf(stderr, "colibri-perplexity: %s: %s\n", text_path.c_str(), tokens.error().message.c_str());
     return 1;
