@@ -358,10 +358,14 @@ Result<int> GrpcServer::start(const std::string& host, int port) {
   const std::string address = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
                                                                    : fmt::format("{}:{}", host, port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port would
+  // bind and share its connections instead of failing to start.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(impl_->service.settings()->config.max_body_bytes));
   builder.RegisterService(&impl_->impl);
   impl_->server = builder.BuildAndStart();
-  if (!impl_->server || bound == 0) return make_error("cannot start gRPC on {}", address);
+  if (!impl_->server || bound == 0)
+    return make_error("cannot start gRPC on {} (address in use, or not an address of this machine)", address);
   set_serving(true);
   return bound;
 }

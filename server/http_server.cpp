@@ -1,6 +1,7 @@
 #include "http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -155,6 +156,14 @@ HttpServer::~HttpServer() = default;
 Result<int> HttpServer::bind(const std::string& host, int port) {
   const int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound < 0) return make_error("cannot listen on {}:{} (address in use, or not an address of this machine)", host, port);
+  // cpp-httplib 0.11 listens with a backlog of 5. Sixteen clients connecting at
+  // once while the compute threads hold both cores overflow it, and the kernel
+  // drops their SYNs: each dropped client waits a 1 s retransmit before its
+  // request even arrives (counted in TcpExtListenOverflows). Listening again on
+  // a listening socket only raises its backlog; the kernel caps it at
+  // net.core.somaxconn.
+  if (listen_fd_ < 0 || ::listen(listen_fd_, SOMAXCONN) != 0)
+    spdlog::warn("the HTTP listen backlog stays at cpp-httplib's 5: simultaneous connections beyond it wait for a SYN retransmit");
   return bound;
 }
 
@@ -173,6 +182,14 @@ void HttpServer::install() {
   s.set_write_timeout(static_cast<time_t>(config.write_timeout_s), 0);
   s.set_keep_alive_timeout(5);
   s.set_tcp_nodelay(true);  // tokens are small writes; do not wait for Nagle
+  // Replaces cpp-httplib's default, which sets SO_REUSEPORT on Linux: with it a
+  // second server started on the same port binds too, and the kernel splits
+  // connections between the two processes instead of refusing the second.
+  s.set_socket_options([this](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = sock;
+  });
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     request_start = Clock::now();

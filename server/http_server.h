@@ -44,6 +44,7 @@ class HttpServer {
   Service& service_;
   ModelHost* host_;
   std::unique_ptr<httplib::Server> server_;
+  int listen_fd_ = -1;  // the socket cpp-httplib binds, seen in its socket-options hook
 };
 
 }  // namespace colibri::server

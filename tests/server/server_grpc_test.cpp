@@ -253,5 +253,17 @@ TEST(GrpcAuthTest, MethodsNeedTheKeyButHealthDoesNot) {
                   .ok());
 }
 
+// gRPC sets SO_REUSEPORT by default; a second server on the same gRPC port must
+// fail to start rather than take half of its connections.
+TEST(GrpcListenTest, ASecondServerOnTheSameGrpcPortRefusesToStart) {
+  std::string error;
+  auto first = ServerProcess::start({"--grpc-port", "0"}, error);
+  ASSERT_NE(first, nullptr) << error;
+  std::string second_error;
+  auto second = ServerProcess::start({"--grpc-port", std::to_string(first->grpc_port())}, second_error);
+  EXPECT_EQ(second, nullptr) << "a second server bound gRPC port " << first->grpc_port();
+  EXPECT_NE(second_error.find("cannot start gRPC"), std::string::npos) << second_error;
+}
+
 }  // namespace
 }  // namespace colibri::test

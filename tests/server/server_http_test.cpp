@@ -2,7 +2,10 @@
 // 127.0.0.1 (port 0) with the qwen3moe-tiny fixture. Outputs are compared with
 // the engine's own generate() on the same prompt (what colibri-run prints):
 // token ids through the return_token_ids extension, text byte for byte.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <fstream>
@@ -413,6 +416,58 @@ TEST_F(HttpServerTest, SigtermDrainsRunningStreamsThenExits) {
   EXPECT_EQ(ready_during_drain, 503);
   const int status = server->wait_exit(std::chrono::seconds(15));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
+}
+
+// Two servers on one port would split its connections between them (cpp-httplib
+// sets SO_REUSEPORT by default); the second must refuse to start instead.
+TEST(HttpListenTest, ASecondServerOnTheSamePortRefusesToStart) {
+  std::string error;
+  auto first = ServerProcess::start({"--grpc-port", "-1"}, error);
+  ASSERT_NE(first, nullptr) << error;
+  std::string second_error;
+  auto second = ServerProcess::start({"--grpc-port", "-1", "--port", std::to_string(first->port())}, second_error);
+  EXPECT_EQ(second, nullptr) << "a second server bound port " << first->port();
+  EXPECT_NE(second_error.find("address in use"), std::string::npos) << second_error;
+  EXPECT_EQ(http_get(first->port(), "/health").status, 200);
+}
+
+// Clients that connect while no server thread accepts (here: the process is
+// stopped; under load: the compute threads hold the cores) wait in the listen
+// backlog. With cpp-httplib's backlog of 5 the kernel drops the seventh SYN
+// and that client retries a second later.
+TEST(HttpListenTest, ConnectionsBeyondFiveWaitInTheBacklog) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  int somaxconn = 128;
+  std::ifstream("/proc/sys/net/core/somaxconn") >> somaxconn;
+  const int clients = std::min(32, somaxconn);
+  ASSERT_EQ(kill(server->pid(), SIGSTOP), 0);
+  std::vector<int> sockets;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(server->port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < clients; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+    sockets.push_back(fd);
+  }
+  // A handshake on loopback takes microseconds; a dropped SYN is not answered
+  // before the client's 1 s retransmit.
+  int connected = 0;
+  for (const int fd : sockets) {
+    pollfd p{fd, POLLOUT, 0};
+    int socket_error = -1;
+    socklen_t length = sizeof(socket_error);
+    if (poll(&p, 1, 300) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &socket_error, &length) == 0 && socket_error == 0)
+      ++connected;
+  }
+  kill(server->pid(), SIGCONT);
+  for (const int fd : sockets) close(fd);
+  EXPECT_EQ(connected, clients);
+  EXPECT_EQ(http_get(server->port(), "/health").status, 200);
 }
 
 }  // namespace
