@@ -35,6 +35,7 @@ struct Options {
   std::int32_t threads = 1;
   std::int32_t repeat = 5;
   bool ffn_one_plane = false;  // FFN products take one int8 plane instead of two
+  bool batched_only = false;   // skip the one-after-another runs and the prefill (for profiling)
   colibri::WeightsMemory weights = colibri::WeightsMemory::Auto;
 };
 
@@ -43,7 +44,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: colibri-batch-bench MODEL [--sessions 1,8] [--steps 64] [--prompt 128]\n"
                "                           [--threads 1] [--repeat 5] [--ffn-one-plane]\n"
-               "                           [--weights auto|map|copy]\n"
+               "                           [--weights auto|map|copy] [--batched-only]\n"
                "  MODEL       a .colibri file, GGUF file or Hugging Face directory\n"
                "  --sessions  session counts to compare (decode: batched vs one after another)\n"
                "  --steps     decode steps per run (each session's context must hold prompt + steps)\n"
@@ -52,6 +53,8 @@ struct Options {
                "  --ffn-one-plane  decode sessions' FFN products (experts) take one int8 activation plane\n"
                "              (ActivationMode::Int8) instead of two: what batched arithmetic that costs\n"
                "  --repeat    runs per figure; the median is reported\n"
+               "  --batched-only  only the batched decode runs (no serial runs, no prefill): a profile\n"
+               "              of the batched step alone\n"
                "  --weights   .colibri weights copied into huge-page memory, mapped, or auto (copy when\n"
                "              it fits)\n");
   std::exit(2);
@@ -74,6 +77,10 @@ Options parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") usage(nullptr);
     if (arg == "--ffn-one-plane") {
       o.ffn_one_plane = true;
+      continue;
+    }
+    if (arg == "--batched-only") {
+      o.batched_only = true;
       continue;
     }
     if (arg.starts_with("--")) {
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
     std::vector<double> batched, serial;
     for (std::int32_t r = 0; r < o.repeat; ++r) {
       for (bool together : {true, false}) {
+        if (!together && o.batched_only) continue;
         std::vector<std::int32_t> prompt(static_cast<std::size_t>(warmup));
         for (std::int32_t s = 0; s < n; ++s) {
           auto& session = *sessions[static_cast<std::size_t>(s)];
@@ -202,13 +210,19 @@ int main(int argc, char** argv) {
         (together ? batched : serial).push_back(rate);
       }
     }
-    const double b = median(batched), s = median(serial);
+    const double b = median(batched);
     if (n == o.sessions.front()) single_rate = b;
+    if (o.batched_only) {
+      std::printf("decode   %2d sessions: batched %9.1f tok/s, vs first count batched %.2fx\n", n, b, b / single_rate);
+      continue;
+    }
+    const double s = median(serial);
     std::printf("decode   %2d sessions: batched %9.1f tok/s, one after another %9.1f tok/s, batched/serial %.2fx, "
                 "vs first count batched %.2fx\n",
                 n, b, s, b / s, b / single_rate);
   }
 
+  if (o.batched_only) return 0;
   // Prefill.
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(o.prompt));
   for (std::int32_t i = 0; i < o.prompt; ++i) prompt[static_cast<std::size_t>(i)] = token_at(i, vocab);

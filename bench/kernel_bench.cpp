@@ -264,7 +264,9 @@ struct MatmatShape {
   const char* name;
   std::int32_t rows, cols;
 };
-constexpr MatmatShape kMatmatShapes[] = {{"2048x2048", 2048, 2048}, {"1024x2048", 1024, 2048}};
+// 512x14336: rows of a Mixtral-8x7B down projection, wider than one packed tile.
+constexpr MatmatShape kMatmatShapes[] = {
+    {"2048x2048", 2048, 2048}, {"1024x2048", 1024, 2048}, {"512x14336", 512, 14336}};
 constexpr Variant kMatmatVariants[] = {
     {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
     {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"}, {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},

@@ -14,8 +14,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 
 #include "kernels/kernel_table.h"
 
@@ -557,6 +559,16 @@ void store_r16_blocks(const int32_t* b, const __m512* acc, float* const* y, int3
   }
 }
 
+// What store_r16_blocks stored, back into registers (lanes outside the range zero).
+template <int K, int NV>
+void load_r16_blocks(const int32_t* b, float* const* y, int32_t row_begin, int32_t row_end, __m512* acc) {
+  for (int k = 0; k < K; ++k) {
+    const int32_t r0 = b[k] * kQ8R16Rows;
+    const __mmask16 mask = q8r16_store_mask(r0, row_begin, row_end);
+    for (int v = 0; v < NV; ++v) acc[k * NV + v] = _mm512_maskz_loadu_ps(mask, y[v] + r0);
+  }
+}
+
 // Dispatches a runtime tile width 1..NV to the block kernel instantiated for it.
 template <int NV, class Kernel>
 void q8r16_tile(int32_t nv, const Kernel& kernel) {
@@ -625,7 +637,10 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
 constexpr int kPackedSources = 2 * kQ8R16Vectors;       // dwords per line: [plane][vector]
 constexpr size_t kPackedMaxCols = 4096;                 // columns a stack-resident pack holds
 constexpr int32_t kPackedMaxGroups = 256;
-constexpr size_t kPackedPanelBytes = 1024 * 1024;       // weights walked by every tile while in L2
+// Weights walked by every tile while in L2 (1 MB here). Half of it: whole
+// rows ran as fast with 512 KB as with 1 or 4 MB panels, and column slices of
+// a 14336-wide matrix 25-35 % faster with 512 KB than with 1 MB or 256 KB.
+constexpr size_t kPackedPanelBytes = 512 * 1024;
 
 // 96 KB, on the stack of the thread that runs the product (docs/C_API.md
 // asks embedders for 512 KB stacks): no allocation, and a compute thread's
@@ -665,20 +680,21 @@ inline void transpose16x16(__m512i r[16]) {
 
 // Packs vectors xs[0..nv) (nv <= 8); sources past nv, and the second plane
 // without a residual, repeat vector 0 and are never read by the kernel.
-void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_t cols, int32_t groups,
-               PackedTile& pack) {
+// Columns [c0, c0 + cols) and groups [g0, g0 + groups) of each vector.
+void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_t c0, size_t cols, int32_t g0,
+               int32_t groups, PackedTile& pack) {
   const std::int8_t* source[kPackedSources];
   const std::int32_t* sums[kPackedSources];
   const float* scales[kPackedSources];
   for (int s = 0; s < kPackedSources; ++s) {
     const int v = s % kQ8R16Vectors < nv ? s % kQ8R16Vectors : 0;
     const bool second = residual && s >= kQ8R16Vectors;
-    source[s] = second ? xs[v]->residual_q : xs[v]->q;
-    sums[s] = second ? xs[v]->residual_sums : xs[v]->sums;
-    scales[s] = second ? xs[v]->residual_scales : xs[v]->scales;
+    source[s] = (second ? xs[v]->residual_q : xs[v]->q) + c0;
+    sums[s] = (second ? xs[v]->residual_sums : xs[v]->sums) + g0;
+    scales[s] = (second ? xs[v]->residual_scales : xs[v]->scales) + g0;
   }
-  // Activation buffers are zero-padded to a multiple of 128 bytes, so whole
-  // 64-byte slices (16 chunks) can be read.
+  // Activation buffers are zero-padded to a multiple of 128 bytes and c0 is a
+  // multiple of 64, so whole 64-byte slices (16 chunks) can be read.
   for (size_t c = 0; c < cols; c += 64) {
     __m512i r[16];
 #pragma GCC unroll 16
@@ -696,15 +712,16 @@ void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_
     }
 }
 
-// q8r16_int8_block for one block and a packed tile of NV vectors.
+// q8r16_int8_block for one block and a packed tile of NV vectors; `acc`
+// holds the sums of earlier column slices when `carry_in`, and gets the new ones.
 template <bool Residual, int NV>
 __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, const float* block_scales, size_t cols,
                                                   size_t group, int32_t groups, const PackedTile& pack,
-                                                  __m512* acc_out) {
+                                                  bool carry_in, __m512* acc_io) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NV];
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+  for (int v = 0; v < NV; ++v) acc[v] = carry_in ? acc_io[v] : _mm512_setzero_ps();
   for (int32_t g = 0; g < groups; ++g) {
     const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
     const std::int32_t* starts = pack.starts + g * kPackedSources;
@@ -737,15 +754,27 @@ __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, con
     }
   }
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) acc_out[v] = acc[v];
+  for (int v = 0; v < NV; ++v) acc_io[v] = acc[v];
 }
 
-bool q8r16_packs(const Matrix& w) {
-  return static_cast<size_t>(w.cols) <= kPackedMaxCols && group_count(w.cols, w.group) <= kPackedMaxGroups;
+// Groups per column slice: all of them when one pack holds the matrix, else
+// as many as a pack holds with the slice a multiple of 64 columns (so every
+// slice starts on a whole pack row); 0 if no slice can be made.
+int32_t packed_slice_groups(const Matrix& w) {
+  const int32_t groups = group_count(w.cols, w.group);
+  if (static_cast<size_t>(w.cols) <= kPackedMaxCols && groups <= kPackedMaxGroups) return groups;
+  const int32_t most = std::min<int32_t>(kPackedMaxGroups, static_cast<int32_t>(kPackedMaxCols) / w.group);
+  const int32_t step = 64 / std::gcd(w.group, 64);
+  return most / step * step;
 }
+
+bool q8r16_packs(const Matrix& w) { return packed_slice_groups(w) > 0; }
 
 // Panels of blocks small enough to stay in L2 while every tile of vectors
-// goes through them; each tile packed once per panel.
+// goes through them; each tile packed once per panel. Rows wider than a pack
+// go slice by slice, each slice's panel as large as a whole-row one: the
+// partial sums wait in y between slices (stored and reloaded unchanged, so
+// still matvec's bits; rows outside the range are neither read nor kept).
 template <bool Residual>
 void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y,
                          int32_t row_begin, int32_t row_end) {
@@ -753,19 +782,29 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
   const int32_t groups = group_count(w.cols, w.group);
   const Q8R16Blocks at(w, groups);
   const int32_t first = row_begin / kQ8R16Rows, last = (row_end - 1) / kQ8R16Rows;
-  const int32_t panel = kPackedPanelBytes >= at.block_bytes ? static_cast<int32_t>(kPackedPanelBytes / at.block_bytes) : 1;
+  const int32_t slice_groups = packed_slice_groups(w);
+  const int32_t slices = (groups + slice_groups - 1) / slice_groups;
+  const size_t slice_bytes = slices > 1 ? kQ8R16Rows * static_cast<size_t>(slice_groups) * group : at.block_bytes;
+  const int32_t panel = kPackedPanelBytes >= slice_bytes ? static_cast<int32_t>(kPackedPanelBytes / slice_bytes) : 1;
   PackedTile pack;
   for (int32_t p0 = first; p0 <= last; p0 += panel) {
     const int32_t p1 = p0 + panel - 1 < last ? p0 + panel - 1 : last;
-    for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
-      const int32_t nv = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
-      pack_tile(xq + v0, nv, Residual, cols, groups, pack);
-      for (int32_t b = p0; b <= p1; ++b)
-        q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
-          __m512 acc[NV];
-          q8r16_packed_block<Residual, NV>(at.values_of(b), at.scales_of(b), cols, group, groups, pack, acc);
-          store_r16_blocks<1, NV>(&b, acc, y + v0, row_begin, row_end);
-        });
+    for (int32_t slice = 0; slice < slices; ++slice) {
+      const int32_t g0 = slice * slice_groups, slice_groups_here = std::min(slice_groups, groups - g0);
+      const size_t c0 = static_cast<size_t>(g0) * group, slice_cols = min_size(cols - c0, slice_groups * group);
+      for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
+        const int32_t nv = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
+        pack_tile(xq + v0, nv, Residual, c0, slice_cols, g0, slice_groups_here, pack);
+        for (int32_t b = p0; b <= p1; ++b)
+          q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
+            __m512 acc[NV];
+            if (slice > 0) load_r16_blocks<1, NV>(&b, y + v0, row_begin, row_end, acc);
+            q8r16_packed_block<Residual, NV>(at.values_of(b) + c0 * kQ8R16Rows,
+                                             at.scales_of(b) + static_cast<size_t>(g0) * kQ8R16Rows, slice_cols, group,
+                                             slice_groups_here, pack, slice > 0, acc);
+            store_r16_blocks<1, NV>(&b, acc, y + v0, row_begin, row_end);
+          });
+      }
     }
   }
 }

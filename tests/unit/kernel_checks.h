@@ -170,6 +170,24 @@ inline Shape random_shape(WeightFormat format, std::mt19937& rng, std::int32_t m
   return s;
 }
 
+// Rows wider than one packed tile holds (4096 columns or 256 groups), which
+// the AVX-512 int8 tiles take in column slices: Mixtral's 14336-column down
+// projection, and narrow groups on shorter rows.
+inline Shape random_wide_shape(WeightFormat format, std::mt19937& rng) {
+  static constexpr std::int32_t kCols[] = {1100, 2048, 4097, 4160, 4673, 8192, 14336};
+  static constexpr std::int32_t kGroups[] = {4, 20, 32, 40, 64, 96, 128, 256};
+  Shape s{};
+  s.cols = kCols[std::uniform_int_distribution<std::size_t>(0, std::size(kCols) - 1)(rng)];
+  s.rows = std::uniform_int_distribution<std::int32_t>(1, 40)(rng);
+  if (is_quantized(format)) s.group = kGroups[std::uniform_int_distribution<std::size_t>(0, std::size(kGroups) - 1)(rng)];
+  if (format == WeightFormat::Q8R16) s.rows = (s.rows + kQ8R16Rows - 1) / kQ8R16Rows * kQ8R16Rows;
+  if (format == WeightFormat::Q4R16) {
+    s.rows = (s.rows + kQ4R16Rows - 1) / kQ4R16Rows * kQ4R16Rows;
+    s.group = (s.group + 7) / 8 * 8;
+  }
+  return s;
+}
+
 // n random vectors of s.cols values (every third three times larger), each
 // with the activations activations_of(v) chooses (quantized with s.group),
 // and the pointer arrays matmat takes.
@@ -206,17 +224,21 @@ inline std::pair<std::int32_t, std::int32_t> case_rows(int i, std::int32_t rows,
 
 // matmat gives, for every vector, exactly matvec's bits, writes only its row
 // range, and works for any number of vectors (more than kMatmatChunk too).
-// `cases` random shapes per format and activation kind.
-inline int check_matmat_matches_matvec(int cases, std::uint32_t seed = 2024) {
-  Report report("matmat == matvec");
+// `cases` random shapes per format and activation kind; `wide`: rows wider
+// than a packed tile (random_wide_shape) and counts that take the tiles.
+inline int check_matmat_matches_matvec(int cases, std::uint32_t seed = 2024, bool wide = false) {
+  Report report(wide ? "wide matmat == matvec" : "matmat == matvec");
   std::mt19937 rng(seed);
   constexpr std::int32_t kCounts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 33, 64, 70};
+  constexpr std::int32_t kWideCounts[] = {5, 8, 9, 16, 17};
   for (WeightFormat format : kFormats)
     for (Activations acts : {Activations::F32, Activations::Int8, Activations::Int8Residual}) {
       if (acts != Activations::F32 && !is_quantized(format)) continue;
       for (int i = 0; i < cases; ++i) {
-        const Shape s = random_shape(format, rng, 11);
-        const std::int32_t n = kCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kCounts) - 1)(rng)];
+        const Shape s = wide ? random_wide_shape(format, rng) : random_shape(format, rng, 11);
+        const std::int32_t n =
+            wide ? kWideCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kWideCounts) - 1)(rng)]
+                 : kCounts[std::uniform_int_distribution<std::size_t>(0, std::size(kCounts) - 1)(rng)];
         Weights w = make_weights(format, s.rows, s.cols, s.group, rng);
         const Batch batch = random_batch(n, s, rng, [&](std::int32_t) { return acts; });
         const auto& x_ptrs = batch.x_ptrs;

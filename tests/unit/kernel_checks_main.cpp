@@ -23,18 +23,19 @@ int main(int argc, char** argv) {
     }
     const int matvec = checks::check_matvec_matches_reference(cases);
     const int matmat = checks::check_matmat_matches_matvec(cases);
+    const int wide = checks::check_matmat_matches_matvec(std::max(1, cases / 20), 77, /*wide=*/true);
     const int attention = checks::check_attention_matches_reference(cases * 4);
     const int f16 = checks::check_f16_conversion();
     const int q8r16 = checks::check_r16_matches_portable(colibri::WeightFormat::Q8R16, cases);
     const int q4r16 = checks::check_r16_matches_portable(colibri::WeightFormat::Q4R16, cases);
     const int mixed = checks::check_mixed_batches_match_matvec(cases);
     auto verdict = [](int n) { return n == 0 ? std::string("ok") : std::to_string(n) + " failures"; };
-    std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s, attention (f32, f16 cache) ~ reference: %s, "
+    std::printf("%-7s matvec ~ reference: %s, matmat == matvec: %s (wide rows: %s), attention (f32, f16 cache) ~ reference: %s, "
                 "f32 -> f16: %s, q8r16 == portable: %s, q4r16 == portable: %s, mixed batches: %s\n",
-                std::string(isa_name(isa)).c_str(), verdict(matvec).c_str(), verdict(matmat).c_str(),
+                std::string(isa_name(isa)).c_str(), verdict(matvec).c_str(), verdict(matmat).c_str(), verdict(wide).c_str(),
                 verdict(attention).c_str(), verdict(f16).c_str(), verdict(q8r16).c_str(), verdict(q4r16).c_str(),
                 verdict(mixed).c_str());
-    failures += matvec + matmat + attention + f16 + q8r16 + q4r16 + mixed;
+    failures += matvec + matmat + wide + attention + f16 + q8r16 + q4r16 + mixed;
   }
   return failures == 0 ? 0 : 1;
 }

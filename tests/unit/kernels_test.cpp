@@ -154,6 +154,9 @@ TEST_P(KernelPaths, RowRangesComputeTheSameBitsAndTouchNothingElse) {
 // Random shapes with ragged rows, columns and vector counts, one and two
 // activation planes, row ranges (kernel_checks.h).
 TEST_P(KernelPaths, MatmatGivesMatvecsBitsForEveryVector) { EXPECT_EQ(checks::check_matmat_matches_matvec(60), 0); }
+TEST_P(KernelPaths, MatmatOnWideRowsGivesMatvecsBits) {
+  EXPECT_EQ(checks::check_matmat_matches_matvec(6, 77, /*wide=*/true), 0);
+}
 
 TEST_P(KernelPaths, MixedBatchesGiveEachVectorMatvecsBits) { EXPECT_EQ(checks::check_mixed_batches_match_matvec(20), 0); }
 
