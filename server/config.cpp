@@ -112,10 +112,14 @@ const std::array kOptions = {
     OptionSpec{"max_stop_strings", &C::max_stop_strings, 0, 64, "",
                "Most stop strings per request (each at most 1024 bytes).", Reload::Hot},
     OptionSpec{"http_threads", &C::http_threads, 4, 4096, "",
-               "HTTP worker threads. Each open connection (a stream, a waiting request or an idle "
-               "keep-alive connection) holds one, so keep it above max_sessions + max_queue."},
+               "HTTP worker threads. Each request being served holds one until its response ends "
+               "(a stream, a request waiting in the queue), so keep it above max_sessions + max_queue. "
+               "Connections still sending their headers, or idle between keep-alive requests, wait "
+               "on one separate thread and hold none."},
     OptionSpec{"read_timeout_s", &C::read_timeout_s, 1, 3600, "",
-               "Seconds a client may take to send a request's headers and body."},
+               "Seconds a client may take to send a request's headers and body, in total (a client "
+               "that stops part way gets 408 and is disconnected); also how long a new connection "
+               "may stay silent."},
     OptionSpec{"write_timeout_s", &C::write_timeout_s, 1, 3600, "",
                "Seconds a write to a client may block before the connection is dropped (and its "
                "generation cancelled)."},

@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "connection_probe.h"
+#include "gated_server.h"
 #include "http_json.h"
 #include "logging.h"
 #include "request_log.h"
@@ -147,7 +148,10 @@ const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
 }
 
 HttpServer::HttpServer(Service& service, ModelHost* host)
-    : service_(service), host_(host), server_(std::make_unique<httplib::Server>()) {
+    : service_(service),
+      host_(host),
+      server_(std::make_unique<GatedServer>(
+          static_cast<std::size_t>(service.settings()->config.http_threads))) {
   install();
 }
 
@@ -175,8 +179,6 @@ void HttpServer::install() {
   const auto settings = service_.settings();
   const Config& config = settings->config;
   httplib::Server& s = *server_;
-  const auto threads = static_cast<std::size_t>(config.http_threads);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(static_cast<std::size_t>(config.max_body_bytes));
   s.set_read_timeout(static_cast<time_t>(config.read_timeout_s), 0);
   s.set_write_timeout(static_cast<time_t>(config.write_timeout_s), 0);

@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "model/model.h"
 #include "prometheus_check.h"
@@ -468,6 +470,101 @@ TEST(HttpListenTest, ConnectionsBeyondFiveWaitInTheBacklog) {
   for (const int fd : sockets) close(fd);
   EXPECT_EQ(connected, clients);
   EXPECT_EQ(http_get(server->port(), "/health").status, 200);
+}
+
+namespace {
+
+int connect_loopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes, or until `timeout_ms` passes.
+std::string read_until_closed(int fd, int timeout_ms) {
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buffer[512];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) return got + "<closed>";
+    got.append(buffer, static_cast<std::size_t>(n));
+  }
+  return got;
+}
+
+}  // namespace
+
+// Slowloris: clients that send their headers a byte at a time, and clients
+// that connect and send nothing, more of them than there are HTTP threads.
+// They must not keep the server from answering others, and each must be
+// closed once read_timeout_s has passed (a 408 for a request begun).
+TEST(HttpListenTest, SlowAndIdleClientsDoNotHoldTheWorkers) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--http-threads", "4", "--read-timeout-s", "2"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  std::vector<int> slow, idle;
+  for (int i = 0; i < 12; ++i) {
+    slow.push_back(connect_loopback(server->port()));
+    idle.push_back(connect_loopback(server->port()));
+    ASSERT_GE(slow.back(), 0);
+    ASSERT_GE(idle.back(), 0);
+    const std::string start = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    ASSERT_EQ(send(slow.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  }
+  std::atomic<bool> trickling{true};
+  std::thread trickle([&] {
+    while (trickling) {
+      for (const int fd : slow) send(fd, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  auto client = make_client(server->port(), 5);
+  auto health = client.Get("/health");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(health) << "no answer while 24 slow connections were open";
+  EXPECT_EQ(health->status, 200);
+  EXPECT_LT(waited, 1.0);
+  // read_timeout_s is 2: each slow request gets a 408 and every connection
+  // is closed, well before the trickle would end.
+  for (const int fd : slow) {
+    const std::string got = read_until_closed(fd, 4000);
+    EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+    EXPECT_NE(got.find("<closed>"), std::string::npos) << got;
+  }
+  for (const int fd : idle) EXPECT_EQ(read_until_closed(fd, 1000), "<closed>");
+  trickling = false;
+  trickle.join();
+  for (const int fd : slow) close(fd);
+  for (const int fd : idle) close(fd);
+  EXPECT_EQ(http_get(server->port(), "/health").status, 200);
+}
+
+// Keep-alive connections come back to the gate between requests and are
+// served again.
+TEST(HttpListenTest, KeepAliveConnectionsServeSeveralRequests) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--http-threads", "4"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  auto client = make_client(server->port());
+  client.set_keep_alive(true);
+  for (int i = 0; i < 5; ++i) {
+    auto res = client.Post("/tokenize", R"({"content": "hello"})", "application/json");
+    ASSERT_TRUE(res) << "request " << i;
+    EXPECT_EQ(res->status, 200);
+    std::this_thread::sleep_for(std::chrono::milliseconds(i * 100));
+  }
 }
 
 }  // namespace

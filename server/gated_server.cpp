@@ -1,0 +1,327 @@
+#include "gated_server.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace colibri::server {
+
+namespace {
+
+using Clock = ConnectionGate::Clock;
+
+// A request line and headers longer than this are handed to cpp-httplib as
+// they are, which refuses them (414/400).
+constexpr std::size_t kHeaderPeekBytes = 16 * 1024;
+// More waiting connections than this, and new ones are closed at once.
+constexpr std::size_t kMaxWaiting = 4096;
+constexpr int kKeepAliveMaxRequests = 100;
+constexpr int kGateTickMs = 100;  // deadline granularity
+
+int milliseconds_until(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// Formats an address as cpp-httplib does (getnameinfo, numeric host), which
+// ConnectionProbe matches against.
+void address_of(const sockaddr_storage& address, socklen_t length, std::string& ip, int& port) {
+  char name[NI_MAXHOST];
+  ip.clear();
+  port = 0;
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, name, sizeof(name), nullptr, 0,
+                  NI_NUMERICHOST) == 0)
+    ip = name;
+  if (address.ss_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  if (address.ss_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+}
+
+// One request's socket: reads buffered and bounded by the request's deadline
+// (line, headers and body together), writes bounded per call.
+class ConnectionStream : public httplib::Stream {
+ public:
+  ConnectionStream(int fd, Clock::time_point read_deadline, Clock::duration write_timeout)
+      : fd_(fd), read_deadline_(read_deadline), write_timeout_(write_timeout) {}
+
+  void set_read_deadline(Clock::time_point deadline) { read_deadline_ = deadline; }
+  std::size_t buffered() const { return end_ - begin_; }
+
+  bool is_readable() const override { return buffered() > 0 || wait_for(POLLIN, milliseconds_until(read_deadline_)); }
+
+  bool is_writable() const override {
+    if (!wait_for(POLLOUT, write_wait_ms())) return false;
+    char byte;
+    const ssize_t n = recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));  // 0: the peer closed
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (buffered() == 0) {
+      if (!wait_for(POLLIN, milliseconds_until(read_deadline_))) return -1;
+      const ssize_t n = recv(fd_, buffer_, sizeof(buffer_), 0);
+      if (n <= 0) return n;
+      begin_ = 0;
+      end_ = static_cast<std::size_t>(n);
+    }
+    const std::size_t n = std::min(size, buffered());
+    std::memcpy(ptr, buffer_ + begin_, n);
+    begin_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    for (;;) {
+      if (!wait_for(POLLOUT, write_wait_ms())) return -1;
+      const ssize_t n = send(fd_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return n;
+    }
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (getpeername(fd_, reinterpret_cast<sockaddr*>(&address), &length) == 0) address_of(address, length, ip, port);
+  }
+
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) == 0) address_of(address, length, ip, port);
+  }
+
+  socket_t socket() const override { return fd_; }
+
+ private:
+  int write_wait_ms() const {
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(write_timeout_).count());
+  }
+  bool wait_for(short events, int timeout_ms) const {
+    pollfd p{fd_, events, 0};
+    int n;
+    do n = poll(&p, 1, timeout_ms);
+    while (n < 0 && errno == EINTR);
+    return n > 0 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
+  }
+
+  int fd_;
+  Clock::time_point read_deadline_;
+  Clock::duration write_timeout_;
+  char buffer_[4096];
+  std::size_t begin_ = 0, end_ = 0;
+};
+
+void close_connection(int fd) {
+  shutdown(fd, SHUT_RDWR);
+  close(fd);
+}
+
+}  // namespace
+
+// ---- ConnectionGate -------------------------------------------------------------------
+
+ConnectionGate::ConnectionGate(Ready ready) : ready_(std::move(ready)) {
+  epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  thread_ = std::thread([this] { run(); });
+}
+
+ConnectionGate::~ConnectionGate() {
+  stop();
+  if (epoll_ >= 0) close(epoll_);
+}
+
+ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
+  char buffer[kHeaderPeekBytes];
+  const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return Headers::Closed;
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Headers::None : Headers::Closed;
+  const std::string_view text(buffer, static_cast<std::size_t>(n));
+  if (text.find("\r\n\r\n") != std::string_view::npos || text.find("\n\n") != std::string_view::npos ||
+      static_cast<std::size_t>(n) == sizeof(buffer))
+    return Headers::Complete;
+  return Headers::Partial;
+}
+
+void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout) {
+  const Headers now = peek_headers(fd);
+  if (now == Headers::Complete && !stopping_) return ready_(fd, served);
+  if (now == Headers::Closed || stopping_) return close_connection(fd);
+  {
+    std::lock_guard lock(mutex_);
+    if (waiting_.size() >= kMaxWaiting) return close_connection(fd);
+    Waiting w{served, idle_deadline, request_timeout, {}, false};
+    if (now == Headers::Partial) {
+      w.started = true;
+      w.request_deadline = Clock::now() + request_timeout;
+    }
+    waiting_[fd] = w;
+  }
+  // Edge-triggered: woken when more bytes arrive (a peek consumes none). The
+  // bytes that came between the peek above and this call are reported by the
+  // first wait, as epoll reports a ready descriptor when it is added.
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  event.data.fd = fd;
+  if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
+    std::lock_guard lock(mutex_);
+    waiting_.erase(fd);
+    close_connection(fd);
+  }
+}
+
+void ConnectionGate::stop() {
+  if (stopping_.exchange(true)) return;
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mutex_);
+  for (const auto& [fd, w] : waiting_) close_connection(fd);
+  waiting_.clear();
+}
+
+void ConnectionGate::run() {
+  epoll_event events[64];
+  while (!stopping_) {
+    const int n = epoll_wait(epoll_, events, 64, kGateTickMs);
+    for (int i = 0; i < n; ++i) check(events[i].data.fd);
+    expire(Clock::now());
+  }
+}
+
+void ConnectionGate::check(int fd) {
+  Waiting w;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = waiting_.find(fd);
+    if (it == waiting_.end()) return;
+    w = it->second;
+  }
+  const Headers headers = peek_headers(fd);
+  if (headers == Headers::None) return;
+  if (headers == Headers::Partial) {
+    std::lock_guard lock(mutex_);
+    auto& entry = waiting_[fd];
+    if (!entry.started) {
+      entry.started = true;
+      entry.request_deadline = Clock::now() + entry.request_timeout;
+    }
+    return;
+  }
+  epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  {
+    std::lock_guard lock(mutex_);
+    waiting_.erase(fd);
+  }
+  if (headers == Headers::Closed) return close_connection(fd);
+  ready_(fd, w.served);
+}
+
+void ConnectionGate::expire(Clock::time_point now) {
+  std::vector<std::pair<int, bool>> expired;  // fd, timed out mid-request
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      const Waiting& w = it->second;
+      if (w.started ? now >= w.request_deadline : now >= w.idle_deadline) {
+        expired.emplace_back(it->first, w.started);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& [fd, started] : expired) {
+    epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    close_waiting(fd, started);
+  }
+}
+
+void ConnectionGate::close_waiting(int fd, bool timed_out) {
+  if (timed_out) {
+    // Best effort, never blocking: the client stopped mid-request.
+    static const std::string response = [] {
+      const std::string body =
+          R"({"error":{"message":"the request did not arrive within read_timeout_s","type":"invalid_request_error",)"
+          R"("param":null,"code":"request_timeout"}})";
+      return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n" + body;
+    }();
+    [[maybe_unused]] const ssize_t sent = send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  close_connection(fd);
+}
+
+// ---- GatedServer ------------------------------------------------------------------------
+
+// The listener's task queue: a thread pool whose shutdown first stops the
+// gate, so nothing is handed to the pool once it drains.
+class GatedServer::Queue : public httplib::TaskQueue {
+ public:
+  Queue(GatedServer& server, std::size_t threads) : server_(server), pool_(threads) {
+    std::lock_guard lock(server_.pool_mutex_);
+    server_.pool_ = &pool_;
+  }
+  void enqueue(std::function<void()> fn) override { pool_.enqueue(std::move(fn)); }
+  void shutdown() override {
+    server_.gate_.stop();
+    {
+      std::lock_guard lock(server_.pool_mutex_);
+      server_.pool_ = nullptr;
+    }
+    pool_.shutdown();
+  }
+
+ private:
+  GatedServer& server_;
+  httplib::ThreadPool pool_;
+};
+
+GatedServer::GatedServer(std::size_t threads)
+    : threads_(threads), gate_([this](int fd, int served) {
+        std::lock_guard lock(pool_mutex_);
+        if (pool_ == nullptr) return close_connection(fd);
+        pool_->enqueue([this, fd, served] { serve(fd, served); });
+      }) {
+  new_task_queue = [this] { return new Queue(*this, threads_); };
+}
+
+GatedServer::~GatedServer() { gate_.stop(); }
+
+// Runs on a worker for each accepted connection: served here if its request
+// is already whole (the usual case), else parked.
+bool GatedServer::process_and_close_socket(socket_t sock) {
+  if (ConnectionGate::peek_headers(sock) == ConnectionGate::Headers::Complete) serve(sock, 0);
+  else park(sock, 0);
+  return true;
+}
+
+void GatedServer::park(int fd, int served) {
+  const auto idle = served == 0 ? std::chrono::seconds(read_timeout_sec_) : std::chrono::seconds(keep_alive_timeout_sec_);
+  gate_.park(fd, served, Clock::now() + idle, std::chrono::seconds(read_timeout_sec_));
+}
+
+void GatedServer::serve(int fd, int served) {
+  const auto request_timeout = std::chrono::seconds(read_timeout_sec_);
+  ConnectionStream stream(fd, Clock::now() + request_timeout, std::chrono::seconds(write_timeout_sec_));
+  for (;;) {
+    const bool last = served + 1 >= kKeepAliveMaxRequests || !is_running();
+    bool connection_closed = false;
+    const bool ok = process_request(stream, last, connection_closed, nullptr);
+    ++served;
+    if (!ok || connection_closed || last) break;
+    // A next request already whole (pipelined, or sent at once) is served
+    // now; else the connection waits for it off this thread.
+    if (stream.buffered() == 0 && ConnectionGate::peek_headers(fd) != ConnectionGate::Headers::Complete)
+      return park(fd, served);
+    stream.set_read_deadline(Clock::now() + request_timeout);
+  }
+  close_connection(fd);
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,93 @@
+// cpp-httplib's Server with connections that wait for their request off the
+// worker threads.
+//
+// cpp-httplib 0.11 gives a connection one worker thread from accept to close
+// and bounds each recv, not a request: a client that sends its headers a byte
+// every few seconds (slowloris), or opens connections and sends nothing,
+// holds a worker as long as it likes, and http_threads such clients stop the
+// server answering anyone. Here a connection without a complete request line
+// and headers waits on one epoll thread (ConnectionGate) instead; a worker
+// takes it only once they are all in the socket buffer. A request's line,
+// headers and body must arrive within read_timeout_s of its first byte being
+// awaited (else 408 and close), and an idle keep-alive connection waits
+// keep_alive_timeout there, holding no thread.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace colibri::server {
+
+// Connections waiting for their next request's headers.
+class ConnectionGate {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Called (on the gate's thread, or the parking one) with a connection
+  // whose headers are complete, or that sent more than a header may hold.
+  using Ready = std::function<void(int fd, int served)>;
+
+  explicit ConnectionGate(Ready ready);
+  ~ConnectionGate();
+  ConnectionGate(const ConnectionGate&) = delete;
+  ConnectionGate& operator=(const ConnectionGate&) = delete;
+
+  // Waits for fd's next request: `served` requests done on it so far; it is
+  // closed if nothing comes by `idle_deadline`, or the request is not whole
+  // by `request_timeout` after its first byte. After stop(), closes fd.
+  void park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout);
+  // Closes every waiting connection; later park() calls close theirs.
+  void stop();
+
+  enum class Headers { Complete, Partial, None, Closed };
+  // What fd's receive buffer holds, without reading it: Complete also when
+  // it holds more than a request line and headers may.
+  static Headers peek_headers(int fd);
+
+ private:
+  struct Waiting {
+    int served;
+    Clock::time_point idle_deadline;
+    Clock::duration request_timeout;
+    Clock::time_point request_deadline;  // set at the first byte
+    bool started = false;
+  };
+  void run();
+  void check(int fd);
+  void expire(Clock::time_point now);
+  void close_waiting(int fd, bool timed_out);
+
+  Ready ready_;
+  int epoll_ = -1;
+  std::mutex mutex_;
+  std::unordered_map<int, Waiting> waiting_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+class GatedServer : public httplib::Server {
+ public:
+  explicit GatedServer(std::size_t threads);
+  ~GatedServer() override;
+
+ private:
+  class Queue;
+  bool process_and_close_socket(socket_t sock) override;
+  // Serves requests on fd while they arrive whole, then parks or closes it.
+  void serve(int fd, int served);
+  void park(int fd, int served);
+
+  std::size_t threads_;
+  std::mutex pool_mutex_;
+  httplib::ThreadPool* pool_ = nullptr;  // the running listener's, owned by its Queue
+  ConnectionGate gate_;
+};
+
+}  // namespace colibri::server
