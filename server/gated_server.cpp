@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -19,9 +20,10 @@ namespace {
 
 using Clock = ConnectionGate::Clock;
 
-// A request line and headers longer than this are handed to cpp-httplib as
-// they are, which refuses them (414/400).
-constexpr std::size_t kHeaderPeekBytes = 16 * 1024;
+// A request line and headers together longer than this get 431 (nginx's
+// default allows 32 KB too); with the body limit it also bounds what one
+// request may make the server read: headers past it are never parsed.
+constexpr std::size_t kHeaderPeekBytes = 32 * 1024;
 // More waiting connections than this, and new ones are closed at once.
 constexpr std::size_t kMaxWaiting = 4096;
 constexpr int kKeepAliveMaxRequests = 100;
@@ -49,10 +51,15 @@ void address_of(const sockaddr_storage& address, socklen_t length, std::string& 
 // (line, headers and body together), writes bounded per call.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(int fd, Clock::time_point read_deadline, Clock::duration write_timeout)
-      : fd_(fd), read_deadline_(read_deadline), write_timeout_(write_timeout) {}
+  ConnectionStream(int fd, Clock::time_point read_deadline, Clock::duration write_timeout, std::size_t read_limit)
+      : fd_(fd), read_deadline_(read_deadline), write_timeout_(write_timeout), read_limit_(read_limit) {}
 
-  void set_read_deadline(Clock::time_point deadline) { read_deadline_ = deadline; }
+  // The next request: a new deadline and byte budget (a pipelined request's
+  // bytes already buffered count against it).
+  void start_request(Clock::time_point deadline) {
+    read_deadline_ = deadline;
+    request_bytes_ = 0;
+  }
   std::size_t buffered() const { return end_ - begin_; }
 
   bool is_readable() const override { return buffered() > 0 || wait_for(POLLIN, milliseconds_until(read_deadline_)); }
@@ -72,9 +79,13 @@ class ConnectionStream : public httplib::Stream {
       begin_ = 0;
       end_ = static_cast<std::size_t>(n);
     }
-    const std::size_t n = std::min(size, buffered());
+    // Headers past the gate's peek (a pipelined request skips it) or more
+    // bytes than headers and the body limit allow end the connection.
+    if (request_bytes_ >= read_limit_) return -1;
+    const std::size_t n = std::min({size, buffered(), read_limit_ - request_bytes_});
     std::memcpy(ptr, buffer_ + begin_, n);
     begin_ += n;
+    request_bytes_ += n;
     return static_cast<ssize_t>(n);
   }
 
@@ -115,6 +126,8 @@ class ConnectionStream : public httplib::Stream {
   int fd_;
   Clock::time_point read_deadline_;
   Clock::duration write_timeout_;
+  std::size_t read_limit_;
+  std::size_t request_bytes_ = 0;
   char buffer_[4096];
   std::size_t begin_ = 0, end_ = 0;
 };
@@ -122,6 +135,23 @@ class ConnectionStream : public httplib::Stream {
 void close_connection(int fd) {
   shutdown(fd, SHUT_RDWR);
   close(fd);
+}
+
+// Answers a request that never reached cpp-httplib, in OpenAI's error shape,
+// then closes. Best effort and never blocking: the client may be gone.
+void refuse(int fd, int status, const char* reason, const char* message, const char* code) {
+  const std::string body = std::string(R"({"error":{"message":")") + message +
+                           R"(","type":"invalid_request_error","param":null,"code":")" + code + R"("}})";
+  const std::string response = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                               "\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\n\r\n" + body;
+  [[maybe_unused]] const ssize_t sent = send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  close_connection(fd);
+}
+
+void refuse_large_headers(int fd) {
+  refuse(fd, 431, "Request Header Fields Too Large", "the request line and headers exceed 32 KB",
+         "headers_too_large");
 }
 
 }  // namespace
@@ -144,16 +174,16 @@ ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
   if (n == 0) return Headers::Closed;
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Headers::None : Headers::Closed;
   const std::string_view text(buffer, static_cast<std::size_t>(n));
-  if (text.find("\r\n\r\n") != std::string_view::npos || text.find("\n\n") != std::string_view::npos ||
-      static_cast<std::size_t>(n) == sizeof(buffer))
+  if (text.find("\r\n\r\n") != std::string_view::npos || text.find("\n\n") != std::string_view::npos)
     return Headers::Complete;
-  return Headers::Partial;
+  return static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial;
 }
 
 void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout) {
   const Headers now = peek_headers(fd);
   if (now == Headers::Complete && !stopping_) return ready_(fd, served);
   if (now == Headers::Closed || stopping_) return close_connection(fd);
+  if (now == Headers::TooLarge) return refuse_large_headers(fd);
   {
     std::lock_guard lock(mutex_);
     if (waiting_.size() >= kMaxWaiting) return close_connection(fd);
@@ -219,6 +249,7 @@ void ConnectionGate::check(int fd) {
     waiting_.erase(fd);
   }
   if (headers == Headers::Closed) return close_connection(fd);
+  if (headers == Headers::TooLarge) return refuse_large_headers(fd);
   ready_(fd, w.served);
 }
 
@@ -243,18 +274,8 @@ void ConnectionGate::expire(Clock::time_point now) {
 }
 
 void ConnectionGate::close_waiting(int fd, bool timed_out) {
-  if (timed_out) {
-    // Best effort, never blocking: the client stopped mid-request.
-    static const std::string response = [] {
-      const std::string body =
-          R"({"error":{"message":"the request did not arrive within read_timeout_s","type":"invalid_request_error",)"
-          R"("param":null,"code":"request_timeout"}})";
-      return "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\n\r\n" + body;
-    }();
-    [[maybe_unused]] const ssize_t sent = send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
-  close_connection(fd);
+  if (!timed_out) return close_connection(fd);
+  refuse(fd, 408, "Request Timeout", "the request did not arrive within read_timeout_s", "request_timeout");
 }
 
 // ---- GatedServer ------------------------------------------------------------------------
@@ -296,8 +317,16 @@ GatedServer::~GatedServer() { gate_.stop(); }
 // Runs on a worker for each accepted connection: served here if its request
 // is already whole (the usual case), else parked.
 bool GatedServer::process_and_close_socket(socket_t sock) {
-  if (ConnectionGate::peek_headers(sock) == ConnectionGate::Headers::Complete) serve(sock, 0);
-  else park(sock, 0);
+  switch (ConnectionGate::peek_headers(sock)) {
+    case ConnectionGate::Headers::Complete:
+      serve(sock, 0);
+      break;
+    case ConnectionGate::Headers::TooLarge:
+      refuse_large_headers(sock);
+      break;
+    default:
+      park(sock, 0);
+  }
   return true;
 }
 
@@ -308,7 +337,8 @@ void GatedServer::park(int fd, int served) {
 
 void GatedServer::serve(int fd, int served) {
   const auto request_timeout = std::chrono::seconds(read_timeout_sec_);
-  ConnectionStream stream(fd, Clock::now() + request_timeout, std::chrono::seconds(write_timeout_sec_));
+  ConnectionStream stream(fd, Clock::now() + request_timeout, std::chrono::seconds(write_timeout_sec_),
+                          std::min(payload_max_length_, SIZE_MAX - kHeaderPeekBytes) + kHeaderPeekBytes);
   for (;;) {
     const bool last = served + 1 >= kKeepAliveMaxRequests || !is_running();
     bool connection_closed = false;
@@ -319,7 +349,7 @@ void GatedServer::serve(int fd, int served) {
     // now; else the connection waits for it off this thread.
     if (stream.buffered() == 0 && ConnectionGate::peek_headers(fd) != ConnectionGate::Headers::Complete)
       return park(fd, served);
-    stream.set_read_deadline(Clock::now() + request_timeout);
+    stream.start_request(Clock::now() + request_timeout);
   }
   close_connection(fd);
 }

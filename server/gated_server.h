@@ -7,7 +7,8 @@
 // holds a worker as long as it likes, and http_threads such clients stop the
 // server answering anyone. Here a connection without a complete request line
 // and headers waits on one epoll thread (ConnectionGate) instead; a worker
-// takes it only once they are all in the socket buffer. A request's line,
+// takes it only once they are all in the socket buffer (at most 32 KB, else
+// 431). A request's line,
 // headers and body must arrive within read_timeout_s of its first byte being
 // awaited (else 408 and close), and an idle keep-alive connection waits
 // keep_alive_timeout there, holding no thread.
@@ -31,7 +32,7 @@ class ConnectionGate {
  public:
   using Clock = std::chrono::steady_clock;
   // Called (on the gate's thread, or the parking one) with a connection
-  // whose headers are complete, or that sent more than a header may hold.
+  // whose request line and headers are complete.
   using Ready = std::function<void(int fd, int served)>;
 
   explicit ConnectionGate(Ready ready);
@@ -46,9 +47,9 @@ class ConnectionGate {
   // Closes every waiting connection; later park() calls close theirs.
   void stop();
 
-  enum class Headers { Complete, Partial, None, Closed };
-  // What fd's receive buffer holds, without reading it: Complete also when
-  // it holds more than a request line and headers may.
+  enum class Headers { Complete, Partial, None, Closed, TooLarge };
+  // What fd's receive buffer holds, without reading it. TooLarge: more than
+  // a request line and headers may take, and no end of them.
   static Headers peek_headers(int fd);
 
  private:

@@ -567,5 +567,25 @@ TEST(HttpListenTest, KeepAliveConnectionsServeSeveralRequests) {
   }
 }
 
+// A header flood: 20 000 header lines. Refused with 431 once 32 KB have come
+// without the end of the headers, before any of them is parsed.
+TEST(HttpListenTest, AHeaderFloodGets431) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const int fd = connect_loopback(server->port());
+  ASSERT_GE(fd, 0);
+  std::string request = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 20000; ++i) request += "X-Flood-" + std::to_string(i) + ": b\r\n";
+  request += "\r\n";
+  std::thread writer([&] { send(fd, request.data(), request.size(), MSG_NOSIGNAL); });
+  const std::string got = read_until_closed(fd, 5000);
+  writer.join();
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 431", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(got.find("headers_too_large"), std::string::npos) << got.substr(0, 200);
+  EXPECT_EQ(http_get(server->port(), "/health").status, 200);
+}
+
 }  // namespace
 }  // namespace colibri::test
