@@ -198,13 +198,18 @@ TEST_F(GrpcServerTest, DeadlineStopsTheGenerationAndFreesTheSession) {
   request.mutable_options()->set_ignore_eos(true);
   auto ctx = context(300);
   Streamed out = read_all(stub_->Generate(ctx.get(), request));
-  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Failed once in a full parallel ctest run, not since (session 8); the
+  // messages say which part, should it again.
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << out.status.error_message() << " after " << out.tokens.size() << " tokens";
   EXPECT_LT(out.tokens.size(), 3000u);
   const auto start = std::chrono::steady_clock::now();
-  while (metric_value(http_get(server_->port(), "/metrics").body, "colibri_active_sessions") != 0 &&
+  double active = -1;
+  while ((active = metric_value(http_get(server_->port(), "/metrics").body, "colibri_active_sessions")) != 0 &&
          std::chrono::steady_clock::now() - start < std::chrono::seconds(5))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0)
+      << "colibri_active_sessions " << active;
 }
 
 TEST_F(GrpcServerTest, ClientCancelFreesTheSession) {
