@@ -181,12 +181,13 @@ ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
 
 void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout) {
   const Headers now = peek_headers(fd);
-  if (now == Headers::Complete && !stopping_) return ready_(fd, served);
+  if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout);
   if (now == Headers::Closed || stopping_) return close_connection(fd);
   if (now == Headers::TooLarge) return refuse_large_headers(fd);
   {
     std::lock_guard lock(mutex_);
-    if (waiting_.size() >= kMaxWaiting) return close_connection(fd);
+    // stop() sets stopping_ before it takes the lock to close what waits.
+    if (stopping_ || waiting_.size() >= kMaxWaiting) return close_connection(fd);
     Waiting w{served, idle_deadline, request_timeout, {}, false};
     if (now == Headers::Partial) {
       w.started = true;
@@ -236,10 +237,10 @@ void ConnectionGate::check(int fd) {
   if (headers == Headers::None) return;
   if (headers == Headers::Partial) {
     std::lock_guard lock(mutex_);
-    auto& entry = waiting_[fd];
-    if (!entry.started) {
-      entry.started = true;
-      entry.request_deadline = Clock::now() + entry.request_timeout;
+    const auto it = waiting_.find(fd);
+    if (it != waiting_.end() && !it->second.started) {
+      it->second.started = true;
+      it->second.request_deadline = Clock::now() + it->second.request_timeout;
     }
     return;
   }
@@ -250,7 +251,7 @@ void ConnectionGate::check(int fd) {
   }
   if (headers == Headers::Closed) return close_connection(fd);
   if (headers == Headers::TooLarge) return refuse_large_headers(fd);
-  ready_(fd, w.served);
+  ready_(fd, w.served, w.started ? w.request_deadline : Clock::now() + w.request_timeout);
 }
 
 void ConnectionGate::expire(Clock::time_point now) {
@@ -304,10 +305,10 @@ class GatedServer::Queue : public httplib::TaskQueue {
 };
 
 GatedServer::GatedServer(std::size_t threads)
-    : threads_(threads), gate_([this](int fd, int served) {
+    : threads_(threads), gate_([this](int fd, int served, Clock::time_point deadline) {
         std::lock_guard lock(pool_mutex_);
         if (pool_ == nullptr) return close_connection(fd);
-        pool_->enqueue([this, fd, served] { serve(fd, served); });
+        pool_->enqueue([this, fd, served, deadline] { serve(fd, served, deadline); });
       }) {
   new_task_queue = [this] { return new Queue(*this, threads_); };
 }
@@ -319,7 +320,7 @@ GatedServer::~GatedServer() { gate_.stop(); }
 bool GatedServer::process_and_close_socket(socket_t sock) {
   switch (ConnectionGate::peek_headers(sock)) {
     case ConnectionGate::Headers::Complete:
-      serve(sock, 0);
+      serve(sock, 0, Clock::now() + std::chrono::seconds(read_timeout_sec_));
       break;
     case ConnectionGate::Headers::TooLarge:
       refuse_large_headers(sock);
@@ -335,9 +336,9 @@ void GatedServer::park(int fd, int served) {
   gate_.park(fd, served, Clock::now() + idle, std::chrono::seconds(read_timeout_sec_));
 }
 
-void GatedServer::serve(int fd, int served) {
+void GatedServer::serve(int fd, int served, Clock::time_point deadline) {
   const auto request_timeout = std::chrono::seconds(read_timeout_sec_);
-  ConnectionStream stream(fd, Clock::now() + request_timeout, std::chrono::seconds(write_timeout_sec_),
+  ConnectionStream stream(fd, deadline, std::chrono::seconds(write_timeout_sec_),
                           std::min(payload_max_length_, SIZE_MAX - kHeaderPeekBytes) + kHeaderPeekBytes);
   for (;;) {
     const bool last = served + 1 >= kKeepAliveMaxRequests || !is_running();

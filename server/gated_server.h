@@ -32,8 +32,9 @@ class ConnectionGate {
  public:
   using Clock = std::chrono::steady_clock;
   // Called (on the gate's thread, or the parking one) with a connection
-  // whose request line and headers are complete.
-  using Ready = std::function<void(int fd, int served)>;
+  // whose request line and headers are complete, and the time by which the
+  // rest of the request must have come.
+  using Ready = std::function<void(int fd, int served, Clock::time_point deadline)>;
 
   explicit ConnectionGate(Ready ready);
   ~ConnectionGate();
@@ -81,8 +82,9 @@ class GatedServer : public httplib::Server {
  private:
   class Queue;
   bool process_and_close_socket(socket_t sock) override;
-  // Serves requests on fd while they arrive whole, then parks or closes it.
-  void serve(int fd, int served);
+  // Serves requests on fd while they arrive whole, then parks or closes it;
+  // the first one's line, headers and body must have come by `deadline`.
+  void serve(int fd, int served, std::chrono::steady_clock::time_point deadline);
   void park(int fd, int served);
 
   std::size_t threads_;
