@@ -149,10 +149,6 @@ void refuse(int fd, int status, const char* reason, const char* message, const c
   close_connection(fd);
 }
 
-void refuse_large_headers(int fd) {
-  refuse(fd, 431, "Request Header Fields Too Large", "the request line and headers exceed 32 KB",
-         "headers_too_large");
-}
 
 }  // namespace
 
@@ -179,6 +175,12 @@ ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
   return static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial;
 }
 
+void ConnectionGate::refuse_large_headers(int fd) {
+  counts_->headers_too_large.fetch_add(1, std::memory_order_relaxed);
+  refuse(fd, 431, "Request Header Fields Too Large", "the request line and headers exceed 32 KB",
+         "headers_too_large");
+}
+
 void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout) {
   const Headers now = peek_headers(fd);
   if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout);
@@ -187,13 +189,18 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
   {
     std::lock_guard lock(mutex_);
     // stop() sets stopping_ before it takes the lock to close what waits.
-    if (stopping_ || waiting_.size() >= kMaxWaiting) return close_connection(fd);
+    if (stopping_) return close_connection(fd);
+    if (waiting_.size() >= kMaxWaiting) {
+      counts_->too_many_waiting.fetch_add(1, std::memory_order_relaxed);
+      return close_connection(fd);
+    }
     Waiting w{served, idle_deadline, request_timeout, {}, false};
     if (now == Headers::Partial) {
       w.started = true;
       w.request_deadline = Clock::now() + request_timeout;
     }
     waiting_[fd] = w;
+    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
   }
   // Edge-triggered: woken when more bytes arrive (a peek consumes none). The
   // bytes that came between the peek above and this call are reported by the
@@ -204,6 +211,7 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
   if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
     std::lock_guard lock(mutex_);
     waiting_.erase(fd);
+    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
     close_connection(fd);
   }
 }
@@ -214,6 +222,7 @@ void ConnectionGate::stop() {
   std::lock_guard lock(mutex_);
   for (const auto& [fd, w] : waiting_) close_connection(fd);
   waiting_.clear();
+  counts_->waiting.store(0, std::memory_order_relaxed);
 }
 
 void ConnectionGate::run() {
@@ -248,6 +257,7 @@ void ConnectionGate::check(int fd) {
   {
     std::lock_guard lock(mutex_);
     waiting_.erase(fd);
+    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
   }
   if (headers == Headers::Closed) return close_connection(fd);
   if (headers == Headers::TooLarge) return refuse_large_headers(fd);
@@ -267,6 +277,7 @@ void ConnectionGate::expire(Clock::time_point now) {
         ++it;
       }
     }
+    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
   }
   for (const auto& [fd, started] : expired) {
     epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
@@ -275,6 +286,7 @@ void ConnectionGate::expire(Clock::time_point now) {
 }
 
 void ConnectionGate::close_waiting(int fd, bool timed_out) {
+  (timed_out ? counts_->request_timeout : counts_->idle).fetch_add(1, std::memory_order_relaxed);
   if (!timed_out) return close_connection(fd);
   refuse(fd, 408, "Request Timeout", "the request did not arrive within read_timeout_s", "request_timeout");
 }
@@ -323,7 +335,7 @@ bool GatedServer::process_and_close_socket(socket_t sock) {
       serve(sock, 0, Clock::now() + std::chrono::seconds(read_timeout_sec_));
       break;
     case ConnectionGate::Headers::TooLarge:
-      refuse_large_headers(sock);
+      gate_.refuse_large_headers(sock);
       break;
     default:
       park(sock, 0);

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,15 @@ class ConnectionGate {
   // rest of the request must have come.
   using Ready = std::function<void(int fd, int served, Clock::time_point deadline)>;
 
+  // What the gate did, for /metrics; shared so a scrape never outlives it.
+  struct Counts {
+    std::atomic<std::int64_t> waiting{0};
+    std::atomic<std::uint64_t> request_timeout{0};    // 408: a request begun and not finished in time
+    std::atomic<std::uint64_t> idle{0};               // closed silent: nothing sent in time
+    std::atomic<std::uint64_t> headers_too_large{0};  // 431
+    std::atomic<std::uint64_t> too_many_waiting{0};   // closed at once: kMaxWaiting reached
+  };
+
   explicit ConnectionGate(Ready ready);
   ~ConnectionGate();
   ConnectionGate(const ConnectionGate&) = delete;
@@ -47,6 +57,9 @@ class ConnectionGate {
   void park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout);
   // Closes every waiting connection; later park() calls close theirs.
   void stop();
+  // Answers 431 and closes fd.
+  void refuse_large_headers(int fd);
+  std::shared_ptr<const Counts> counts() const { return counts_; }
 
   enum class Headers { Complete, Partial, None, Closed, TooLarge };
   // What fd's receive buffer holds, without reading it. TooLarge: more than
@@ -67,6 +80,7 @@ class ConnectionGate {
   void close_waiting(int fd, bool timed_out);
 
   Ready ready_;
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
   int epoll_ = -1;
   std::mutex mutex_;
   std::unordered_map<int, Waiting> waiting_;
@@ -78,6 +92,8 @@ class GatedServer : public httplib::Server {
  public:
   explicit GatedServer(std::size_t threads);
   ~GatedServer() override;
+
+  std::shared_ptr<const ConnectionGate::Counts> gate_counts() const { return gate_.counts(); }
 
  private:
   class Queue;

@@ -184,6 +184,28 @@ void HttpServer::install() {
   s.set_write_timeout(static_cast<time_t>(config.write_timeout_s), 0);
   s.set_keep_alive_timeout(5);
   s.set_tcp_nodelay(true);  // tokens are small writes; do not wait for Nagle
+
+  Metrics& metrics = service_.metrics();
+  const auto gate = server_->gate_counts();
+  metrics.add_gauge("colibri_http_connections_waiting",
+                    "HTTP connections waiting for a whole request (sending their headers, or idle between "
+                    "keep-alive requests); they hold no HTTP thread.",
+                    [gate] { return static_cast<double>(gate->waiting.load(std::memory_order_relaxed)); });
+  metrics.add_renderer([gate](std::string& out) {
+    prometheus_header(out, "colibri_http_connections_refused_total",
+                      "HTTP connections closed before a request reached a route, by reason: request_timeout "
+                      "(408, the request not whole within read_timeout_s), idle (nothing sent in time), "
+                      "headers_too_large (431), too_many_waiting.",
+                      "counter");
+    const std::pair<const char*, const std::atomic<std::uint64_t>*> reasons[] = {
+        {"request_timeout", &gate->request_timeout},
+        {"idle", &gate->idle},
+        {"headers_too_large", &gate->headers_too_large},
+        {"too_many_waiting", &gate->too_many_waiting}};
+    for (const auto& [reason, count] : reasons)
+      out += fmt::format("colibri_http_connections_refused_total{{reason=\"{}\"}} {}\n", reason,
+                         count->load(std::memory_order_relaxed));
+  });
   // Replaces cpp-httplib's default, which sets SO_REUSEPORT on Linux: with it a
   // second server started on the same port binds too, and the kernel splits
   // connections between the two processes instead of refusing the second.

@@ -10,11 +10,9 @@
 #include "model_host.h"
 #include "service.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace colibri::server {
+
+class GatedServer;
 
 class HttpServer {
  public:
@@ -43,7 +41,7 @@ class HttpServer {
 
   Service& service_;
   ModelHost* host_;
-  std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<GatedServer> server_;
   int listen_fd_ = -1;  // the socket cpp-httplib binds, seen in its socket-options hook
 };
 

@@ -549,6 +549,10 @@ TEST(HttpListenTest, SlowAndIdleClientsDoNotHoldTheWorkers) {
   for (const int fd : slow) close(fd);
   for (const int fd : idle) close(fd);
   EXPECT_EQ(http_get(server->port(), "/health").status, 200);
+  const std::string metrics = http_get(server->port(), "/metrics").body;
+  EXPECT_EQ(metric_value(metrics, "colibri_http_connections_refused_total{reason=\"request_timeout\"}"), 12);
+  EXPECT_EQ(metric_value(metrics, "colibri_http_connections_refused_total{reason=\"idle\"}"), 12);
+  EXPECT_EQ(metric_value(metrics, "colibri_http_connections_waiting"), 0);
 }
 
 // Keep-alive connections come back to the gate between requests and are
@@ -585,6 +589,9 @@ TEST(HttpListenTest, AHeaderFloodGets431) {
   EXPECT_EQ(got.rfind("HTTP/1.1 431", 0), 0u) << got.substr(0, 200);
   EXPECT_NE(got.find("headers_too_large"), std::string::npos) << got.substr(0, 200);
   EXPECT_EQ(http_get(server->port(), "/health").status, 200);
+  EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
+                         "colibri_http_connections_refused_total{reason=\"headers_too_large\"}"),
+            1);
 }
 
 }  // namespace
