@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,9 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "api.h"
+#include "http_json.h"
 
 namespace colibri::server {
 
@@ -34,8 +38,9 @@ int milliseconds_until(Clock::time_point deadline) {
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
 }
 
-// Formats an address as cpp-httplib does (getnameinfo, numeric host), which
-// ConnectionProbe matches against.
+thread_local int serving_socket = -1;
+
+// Formats an address as cpp-httplib does (getnameinfo, numeric host).
 void address_of(const sockaddr_storage& address, socklen_t length, std::string& ip, int& port) {
   char name[NI_MAXHOST];
   ip.clear();
@@ -140,15 +145,13 @@ void close_connection(int fd) {
 // Answers a request that never reached cpp-httplib, in OpenAI's error shape,
 // then closes. Best effort and never blocking: the client may be gone.
 void refuse(int fd, int status, const char* reason, const char* message, const char* code) {
-  const std::string body = std::string(R"({"error":{"message":")") + message +
-                           R"(","type":"invalid_request_error","param":null,"code":")" + code + R"("}})";
+  const std::string body = json_text(ApiError{status, "invalid_request_error", message, "", code}.to_json());
   const std::string response = "HTTP/1.1 " + std::to_string(status) + " " + reason +
                                "\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
                                std::to_string(body.size()) + "\r\n\r\n" + body;
   [[maybe_unused]] const ssize_t sent = send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   close_connection(fd);
 }
-
 
 }  // namespace
 
@@ -200,7 +203,7 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
       w.request_deadline = Clock::now() + request_timeout;
     }
     waiting_[fd] = w;
-    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
+    count_waiting();
   }
   // Edge-triggered: woken when more bytes arrive (a peek consumes none). The
   // bytes that came between the peek above and this call are reported by the
@@ -211,7 +214,7 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
   if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
     std::lock_guard lock(mutex_);
     waiting_.erase(fd);
-    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
+    count_waiting();
     close_connection(fd);
   }
 }
@@ -222,7 +225,11 @@ void ConnectionGate::stop() {
   std::lock_guard lock(mutex_);
   for (const auto& [fd, w] : waiting_) close_connection(fd);
   waiting_.clear();
-  counts_->waiting.store(0, std::memory_order_relaxed);
+  count_waiting();
+}
+
+void ConnectionGate::count_waiting() {
+  counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
 }
 
 void ConnectionGate::run() {
@@ -257,7 +264,7 @@ void ConnectionGate::check(int fd) {
   {
     std::lock_guard lock(mutex_);
     waiting_.erase(fd);
-    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
+    count_waiting();
   }
   if (headers == Headers::Closed) return close_connection(fd);
   if (headers == Headers::TooLarge) return refuse_large_headers(fd);
@@ -277,7 +284,7 @@ void ConnectionGate::expire(Clock::time_point now) {
         ++it;
       }
     }
-    counts_->waiting.store(static_cast<std::int64_t>(waiting_.size()), std::memory_order_relaxed);
+    count_waiting();
   }
   for (const auto& [fd, started] : expired) {
     epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
@@ -323,9 +330,33 @@ GatedServer::GatedServer(std::size_t threads)
         pool_->enqueue([this, fd, served, deadline] { serve(fd, served, deadline); });
       }) {
   new_task_queue = [this] { return new Queue(*this, threads_); };
+  // Replaces cpp-httplib's default, which sets SO_REUSEPORT on Linux: with it a
+  // second server started on the same port binds too, and the kernel splits
+  // connections between the two processes instead of refusing the second.
+  set_socket_options([this](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = sock;
+  });
+}
+
+int GatedServer::bind_listener(const std::string& host, int port) {
+  const int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
+  if (bound < 0) return -1;
+  // cpp-httplib 0.11 listens with a backlog of 5. Sixteen clients connecting at
+  // once while the compute threads hold both cores overflow it, and the kernel
+  // drops their SYNs: each dropped client waits a 1 s retransmit before its
+  // request even arrives (counted in TcpExtListenOverflows). Listening again on
+  // a listening socket only raises its backlog; the kernel caps it at
+  // net.core.somaxconn.
+  if (listen_fd_ < 0 || ::listen(listen_fd_, SOMAXCONN) != 0)
+    spdlog::warn("the HTTP listen backlog stays at cpp-httplib's 5: simultaneous connections beyond it wait for a SYN retransmit");
+  return bound;
 }
 
 GatedServer::~GatedServer() { gate_.stop(); }
+
+int GatedServer::current_socket() { return serving_socket; }
 
 // Runs on a worker for each accepted connection: served here if its request
 // is already whole (the usual case), else parked.
@@ -355,7 +386,9 @@ void GatedServer::serve(int fd, int served, Clock::time_point deadline) {
   for (;;) {
     const bool last = served + 1 >= kKeepAliveMaxRequests || !is_running();
     bool connection_closed = false;
+    serving_socket = fd;
     const bool ok = process_request(stream, last, connection_closed, nullptr);
+    serving_socket = -1;
     ++served;
     if (!ok || connection_closed || last) break;
     // A next request already whole (pipelined, or sent at once) is served

@@ -8,10 +8,9 @@
 // server answering anyone. Here a connection without a complete request line
 // and headers waits on one epoll thread (ConnectionGate) instead; a worker
 // takes it only once they are all in the socket buffer (at most 32 KB, else
-// 431). A request's line,
-// headers and body must arrive within read_timeout_s of its first byte being
-// awaited (else 408 and close), and an idle keep-alive connection waits
-// keep_alive_timeout there, holding no thread.
+// 431). A request's line, headers and body must arrive within read_timeout_s
+// of its first byte (else 408 and close), and an idle keep-alive connection
+// waits keep_alive_timeout there, holding no thread.
 #pragma once
 
 #include <httplib.h>
@@ -23,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -78,6 +78,7 @@ class ConnectionGate {
   void check(int fd);
   void expire(Clock::time_point now);
   void close_waiting(int fd, bool timed_out);
+  void count_waiting();  // under mutex_: counts_->waiting = waiting_.size()
 
   Ready ready_;
   std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
@@ -93,7 +94,14 @@ class GatedServer : public httplib::Server {
   explicit GatedServer(std::size_t threads);
   ~GatedServer() override;
 
+  // Binds host:port (0: any free port) without SO_REUSEPORT and with a
+  // backlog of SOMAXCONN; the bound port, or -1.
+  int bind_listener(const std::string& host, int port);
+
   std::shared_ptr<const ConnectionGate::Counts> gate_counts() const { return gate_.counts(); }
+  // The socket of the request this thread is serving, -1 outside one. Open
+  // until the request's handler (and its streamed response) returns.
+  static int current_socket();
 
  private:
   class Queue;
@@ -104,6 +112,7 @@ class GatedServer : public httplib::Server {
   void park(int fd, int served);
 
   std::size_t threads_;
+  int listen_fd_ = -1;  // the socket cpp-httplib binds, seen in its socket-options hook
   std::mutex pool_mutex_;
   httplib::ThreadPool* pool_ = nullptr;  // the running listener's, owned by its Queue
   ConnectionGate gate_;

@@ -1,7 +1,6 @@
 #include "http_server.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -158,16 +157,8 @@ HttpServer::HttpServer(Service& service, ModelHost* host)
 HttpServer::~HttpServer() = default;
 
 Result<int> HttpServer::bind(const std::string& host, int port) {
-  const int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  const int bound = server_->bind_listener(host, port);
   if (bound < 0) return make_error("cannot listen on {}:{} (address in use, or not an address of this machine)", host, port);
-  // cpp-httplib 0.11 listens with a backlog of 5. Sixteen clients connecting at
-  // once while the compute threads hold both cores overflow it, and the kernel
-  // drops their SYNs: each dropped client waits a 1 s retransmit before its
-  // request even arrives (counted in TcpExtListenOverflows). Listening again on
-  // a listening socket only raises its backlog; the kernel caps it at
-  // net.core.somaxconn.
-  if (listen_fd_ < 0 || ::listen(listen_fd_, SOMAXCONN) != 0)
-    spdlog::warn("the HTTP listen backlog stays at cpp-httplib's 5: simultaneous connections beyond it wait for a SYN retransmit");
   return bound;
 }
 
@@ -206,15 +197,6 @@ void HttpServer::install() {
       out += fmt::format("colibri_http_connections_refused_total{{reason=\"{}\"}} {}\n", reason,
                          count->load(std::memory_order_relaxed));
   });
-  // Replaces cpp-httplib's default, which sets SO_REUSEPORT on Linux: with it a
-  // second server started on the same port binds too, and the kernel splits
-  // connections between the two processes instead of refusing the second.
-  s.set_socket_options([this](socket_t sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd_ = sock;
-  });
-
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     request_start = Clock::now();
     current_record.reset();
@@ -374,7 +356,7 @@ void HttpServer::install() {
       record->model = checksum;
       record->prompt_tokens = job.prompt_tokens;
       current_record = record;
-      ConnectionProbe probe = ConnectionProbe::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+      const ConnectionProbe probe(GatedServer::current_socket());
 
       // The status is committed only once the request holds a session, so a
       // queue timeout or a shutdown while queued is still a real 503.

@@ -42,7 +42,6 @@ class HttpServer {
   Service& service_;
   ModelHost* host_;
   std::unique_ptr<GatedServer> server_;
-  int listen_fd_ = -1;  // the socket cpp-httplib binds, seen in its socket-options hook
 };
 
 }  // namespace colibri::server

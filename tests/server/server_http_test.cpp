@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <fstream>
 #include <thread>
 
@@ -420,6 +421,37 @@ TEST_F(HttpServerTest, SigtermDrainsRunningStreamsThenExits) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
 }
 
+// A TCP connection to 127.0.0.1:port; -1 if it fails. Non-blocking: the
+// handshake may still be under way (connect's EINPROGRESS).
+int connect_loopback(int port, bool nonblocking = false) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 &&
+      !(nonblocking && errno == EINPROGRESS)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes, or until `timeout_ms` passes.
+std::string read_until_closed(int fd, int timeout_ms) {
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buffer[512];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) return got + "<closed>";
+    got.append(buffer, static_cast<std::size_t>(n));
+  }
+  return got;
+}
+
 // Two servers on one port would split its connections between them (cpp-httplib
 // sets SO_REUSEPORT by default); the second must refuse to start instead.
 TEST(HttpListenTest, ASecondServerOnTheSamePortRefusesToStart) {
@@ -446,15 +478,9 @@ TEST(HttpListenTest, ConnectionsBeyondFiveWaitInTheBacklog) {
   const int clients = std::min(32, somaxconn);
   ASSERT_EQ(kill(server->pid(), SIGSTOP), 0);
   std::vector<int> sockets;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<std::uint16_t>(server->port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   for (int i = 0; i < clients; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
-    sockets.push_back(fd);
+    sockets.push_back(connect_loopback(server->port(), /*nonblocking=*/true));
+    ASSERT_GE(sockets.back(), 0);
   }
   // A handshake on loopback takes microseconds; a dropped SYN is not answered
   // before the client's 1 s retransmit.
@@ -472,37 +498,6 @@ TEST(HttpListenTest, ConnectionsBeyondFiveWaitInTheBacklog) {
   EXPECT_EQ(http_get(server->port(), "/health").status, 200);
 }
 
-namespace {
-
-int connect_loopback(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<std::uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Everything the server sends until it closes, or until `timeout_ms` passes.
-std::string read_until_closed(int fd, int timeout_ms) {
-  std::string got;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    char buffer[512];
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) return got + "<closed>";
-    got.append(buffer, static_cast<std::size_t>(n));
-  }
-  return got;
-}
-
-}  // namespace
 
 // Slowloris: clients that send their headers a byte at a time, and clients
 // that connect and send nothing, more of them than there are HTTP threads.
