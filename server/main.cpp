@@ -82,11 +82,11 @@ int main(int argc, char** argv) {
   }
   {
     auto generation = service.current();
-    const colibri::ModelConfig& c = generation->model->config();
-    const double kv_bytes = 2.0 * sizeof(float) * c.n_layers * static_cast<double>(c.n_kv_heads) * c.head_dim *
-                            generation->scheduler->context() * static_cast<double>(first.max_sessions);
-    spdlog::info("{} sessions of {} positions ({:.0f} MiB of KV cache), queue {}, compute team of {} threads{}",
-                 first.max_sessions, generation->scheduler->context(), kv_bytes / (1 << 20), first.max_queue,
+    // The generation's own figure: it knows the cache's element type (f16
+    // halves it), which a recount from the shape here would not.
+    spdlog::info("{} sessions of {} positions ({} MiB of KV cache, {}), queue {}, compute team of {} threads{}",
+                 first.max_sessions, generation->scheduler->context(), generation->kv_cache_bytes >> 20,
+                 generation->kv_cache, first.max_queue,
                  generation->scheduler->compute_threads(),
                  first.compute_cores.empty() ? "" : " pinned to " + first.compute_cores);
   }
