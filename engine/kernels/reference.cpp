@@ -95,6 +95,30 @@ void rmsnorm(const float* x, const float* weight, std::int32_t n, float eps, flo
   for (std::int32_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
+void rope_angles(std::int32_t head_dim, std::int32_t position, float theta, float* cos, float* sin) {
+  for (std::int32_t i = 0; i < head_dim / 2; ++i) {
+    const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+    const double angle = position * inv_freq;
+    cos[i] = static_cast<float>(std::cos(angle));
+    sin[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, const float* cos, const float* sin) {
+  const std::int32_t half = head_dim / 2;
+  for (std::int32_t i = 0; i < half; ++i) {
+    const float c = cos[i];
+    const float s = sin[i];
+    for (std::int32_t h = 0; h < n_heads; ++h) {
+      float* head = x + static_cast<std::size_t>(h) * head_dim;
+      const float a = head[i];
+      const float b = head[i + half];
+      head[i] = a * c - b * s;
+      head[i + half] = b * c + a * s;
+    }
+  }
+}
+
 void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, std::int32_t position,
                       float theta) {
   const std::int32_t half = head_dim / 2;

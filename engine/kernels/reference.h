@@ -18,6 +18,12 @@ void rmsnorm(const float* x, const float* weight, std::int32_t n, float eps, flo
 // element i pairs with element i + head_dim/2 within each head.
 void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, std::int32_t position,
                       float theta);
+// The same in two halves, so a position's angles (which depend on neither the
+// layer nor q or k) are computed once: cos[i] and sin[i] of
+// position * theta^(-2i / head_dim) for i < head_dim / 2, then the rotation.
+// Together they give rope_rotate_half's bits.
+void rope_angles(std::int32_t head_dim, std::int32_t position, float theta, float* cos, float* sin);
+void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, const float* cos, const float* sin);
 // In place, numerically stable.
 void softmax(float* x, std::int32_t n);
 // Attention over one head of a KV cache whose rows are `stride` elements

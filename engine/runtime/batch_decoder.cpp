@@ -76,6 +76,8 @@ BatchDecoder::BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capa
   chosen_.resize(cap * top_k);
   chosen_weight_.resize(cap * top_k);
   shared_gate_.resize(cap);
+  rope_cos_.resize(cap * static_cast<std::size_t>(c.head_dim / 2));
+  rope_sin_.resize(rope_cos_.size());
   scores_.resize(static_cast<std::size_t>(max_context_));
 
   // Only quantized weights take int8 activations; an f32 model needs none.
@@ -168,6 +170,9 @@ Status BatchDecoder::step(std::span<BatchItem> items) {
     slot.logits = item.logits;
     slot.failed = false;
   }
+  parallel_items_ = team_ != nullptr && team_->size() > 1 && n_ >= kParallelItems &&
+                    std::none_of(slots_.begin(), slots_.begin() + n_,
+                                 [](const Slot& slot) { return static_cast<bool>(slot.session->hook_); });
   if (n_ > 0) forward();
 
   std::int32_t s = 0;
@@ -367,40 +372,55 @@ void BatchDecoder::run_matmats(const MatmatTask* tasks, std::int32_t count) {
   });
 }
 
+template <class Body>
+void BatchDecoder::for_each_item(std::int32_t count, Body&& body) {
+  if (!parallel_items_) {
+    for (std::int32_t i = 0; i < count; ++i) body(i);
+    return;
+  }
+  team_->parallel_for(count, 1, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
+    for (std::int32_t i = begin; i < end; ++i) body(i);
+  });
+}
+
 void BatchDecoder::forward() {
   const ModelConfig& c = model_->config();
   const ModelWeights& w = model_->weights();
   const std::int32_t hidden = c.hidden;
-  for (std::int32_t s = 0; s < n_; ++s) {
-    dequantize_row(w.embed, slots_[static_cast<std::size_t>(s)].token, row(x_, s, hidden));
+  const std::int32_t half = c.head_dim / 2;
+  for_each_item(n_, [&](std::int32_t s) {
+    const Slot& slot = slots_[static_cast<std::size_t>(s)];
+    dequantize_row(w.embed, slot.token, row(x_, s, hidden));
     emit(s, "embed", -1, row(x_, s, hidden), hidden);
-  }
+    // A position's rotary angles serve q and k of every layer.
+    ref::rope_angles(c.head_dim, slot.position, c.rope_theta, row(rope_cos_, s, half), row(rope_sin_, s, half));
+  });
   for (std::int32_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& layer = w.layers[static_cast<std::size_t>(l)];
-    for (std::int32_t s = 0; s < n_; ++s) {
+    for_each_item(n_, [&](std::int32_t s) {
       kernels::rmsnorm(row(x_, s, hidden), layer.attn_norm, hidden, c.rms_eps, row(xn_, s, hidden));
       xn_q_valid_[static_cast<std::size_t>(s)] = 0;
-    }
+    });
     attention(l);
-    for (std::int32_t s = 0; s < n_; ++s) {
+    for_each_item(n_, [&](std::int32_t s) {
       float* x = row(x_, s, hidden);
       const float* out = row(block_out_, s, hidden);
       for (std::int32_t i = 0; i < hidden; ++i) x[i] += out[i];
       emit(s, "attn_residual", l, x, hidden);
       kernels::rmsnorm(x, layer.ffn_norm, hidden, c.rms_eps, row(xn_, s, hidden));
       xn_q_valid_[static_cast<std::size_t>(s)] = 0;
-    }
+    });
     if (layer.is_moe)
       moe_ffn(l);
     else
       dense_ffn(l);
-    for (std::int32_t s = 0; s < n_; ++s) {
+    for_each_item(n_, [&](std::int32_t s) {
       float* x = row(x_, s, hidden);
       const float* out = row(block_out_, s, hidden);
       emit(s, "ffn_out", l, out, hidden);
       for (std::int32_t i = 0; i < hidden; ++i) x[i] += out[i];
       emit(s, "layer_out", l, x, hidden);
-    }
+    });
   }
 
   // The vocabulary projection, the largest matrix of small models, only for
@@ -410,10 +430,14 @@ void BatchDecoder::forward() {
     const Slot& slot = slots_[static_cast<std::size_t>(s)];
     if (slot.logits == nullptr || slot.failed) continue;
     logit_slots_[static_cast<std::size_t>(wanted++)] = s;
-    kernels::rmsnorm(row(x_, s, hidden), w.final_norm, hidden, c.rms_eps, row(xn_, s, hidden));
-    xn_q_valid_[static_cast<std::size_t>(s)] = 0;
   }
   if (wanted == 0) return;
+  for_each_item(wanted, [&](std::int32_t j) {
+    const std::int32_t s = logit_slots_[static_cast<std::size_t>(j)];
+    kernels::rmsnorm(row(x_, s, hidden), w.final_norm, hidden, c.rms_eps, row(xn_, s, hidden));
+    xn_q_valid_[static_cast<std::size_t>(s)] = 0;
+    quantized_xn(s, w.lm_head, slots_[static_cast<std::size_t>(s)].session->modes_.lm_head);
+  });
   begin_tasks();
   const float** x = take_x(wanted);
   const kernels::ActivationQ8** xq = take_xq(wanted);
@@ -444,6 +468,10 @@ void BatchDecoder::attention(std::int32_t l) {
   // q, k and v of every slot. Every slot's K and V of this layer is cached
   // (store_kv) before any slot attends, so the tokens of one session's prompt
   // chunk see each other.
+  // Quantized here, in parallel; the task loop below finds them cached.
+  for_each_item(n_, [&](std::int32_t s) {
+    quantized_xn(s, layer.q, slots_[static_cast<std::size_t>(s)].session->modes_.attention);
+  });
   begin_tasks();
   const float** x = take_x(n_);
   const Matrix* const matrices[3] = {&layer.q, &layer.k, &layer.v};
@@ -459,11 +487,11 @@ void BatchDecoder::attention(std::int32_t l) {
   }
   run_matmats(tasks_.data(), 3);
 
-  for (std::int32_t s = 0; s < n_; ++s) {
+  const std::int32_t half = head_dim / 2;
+  for_each_item(n_, [&](std::int32_t s) {
     float* q = row(q_, s, q_dim);
     float* k = row(k_, s, kv_dim);
     float* v = row(v_, s, kv_dim);
-    const std::int32_t position = slots_[static_cast<std::size_t>(s)].position;
     if (layer.q_bias != nullptr) {
       for (std::int32_t i = 0; i < q_dim; ++i) q[i] += layer.q_bias[i];
       for (std::int32_t i = 0; i < kv_dim; ++i) k[i] += layer.k_bias[i];
@@ -483,13 +511,13 @@ void BatchDecoder::attention(std::int32_t l) {
         kernels::rmsnorm(k, layer.k_norm, kv_dim, c.rms_eps, k);
         break;
     }
-    ref::rope_rotate_half(q, c.n_heads, head_dim, position, c.rope_theta);
-    ref::rope_rotate_half(k, c.n_kv_heads, head_dim, position, c.rope_theta);
+    ref::rope_rotate_half(q, c.n_heads, head_dim, row(rope_cos_, s, half), row(rope_sin_, s, half));
+    ref::rope_rotate_half(k, c.n_kv_heads, head_dim, row(rope_cos_, s, half), row(rope_sin_, s, half));
     emit(s, "q", l, q, q_dim);
     emit(s, "k", l, k, kv_dim);
     emit(s, "v", l, v, kv_dim);
     store_kv(l, s);
-  }
+  });
 
   // (slot, head) pairs are independent; with a team each member scores into
   // its own scratch.
@@ -507,7 +535,7 @@ void BatchDecoder::attention(std::int32_t l) {
   const float** ox = take_x(n_);
   const kernels::ActivationQ8** oxq = take_xq(n_);
   float** oy = take_y(n_);
-  for (std::int32_t s = 0; s < n_; ++s) {
+  for_each_item(n_, [&](std::int32_t s) {
     float* attn = row(attn_out_, s, q_dim);
     emit(s, "attn_heads", l, attn, q_dim);
     const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.attention_out;
@@ -519,7 +547,7 @@ void BatchDecoder::attention(std::int32_t l) {
       oxq[s] = &aq;
     }
     oy[s] = row(block_out_, s, hidden);
-  }
+  });
   tasks_[0] = {&layer.o, n_, ox, oxq, oy};
   run_matmats(tasks_.data(), 1);
   for (std::int32_t s = 0; s < n_; ++s) emit(s, "attn_out", l, row(block_out_, s, hidden), hidden);
@@ -580,6 +608,9 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   const std::int32_t top_k = c.top_k;
   const std::int32_t n_experts = c.n_experts;
 
+  for_each_item(n_, [&](std::int32_t s) {
+    quantized_xn(s, layer.router, slots_[static_cast<std::size_t>(s)].session->modes_.router);
+  });
   begin_tasks();
   {
     const float** x = take_x(n_);
@@ -652,15 +683,20 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   };
   const bool shared = !layer.shared.gate.empty();
 
-  // SwiGLU and the down projections' input quantization are O(ff) per block:
-  // on the calling thread, between the two jobs.
-  auto activate = [&](std::int32_t s, std::int32_t b, const FfnWeights& f) -> const kernels::ActivationQ8* {
-    float* h = gate_of(s, b);
-    kernels::swiglu(h, up_of(s, b), f.gate.rows, h);
+  // Block b of slot s's down-projection input: its SwiGLU, in place of the
+  // gate, and that quantized when the down weights take int8 activations.
+  auto down_input = [&](std::int32_t s, std::int32_t b, const FfnWeights& f) -> const kernels::ActivationQ8* {
     const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down;
     if (!is_quantized(f.down.format) || mode == ActivationMode::F32) return nullptr;
-    kernels::quantize_activation(h, f.gate.rows, f.down.group, hidden_q_of(s, b), mode == ActivationMode::Int8Residual);
     return &hidden_q_of(s, b);
+  };
+  auto activate = [&](std::int32_t s, std::int32_t b, const FfnWeights& f) {
+    float* h = gate_of(s, b);
+    kernels::swiglu(h, up_of(s, b), f.gate.rows, h);
+    if (down_input(s, b, f) != nullptr)
+      kernels::quantize_activation(h, f.gate.rows, f.down.group, hidden_q_of(s, b),
+                                   slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down ==
+                                       ActivationMode::Int8Residual);
   };
   // Experts run in waves: with a store, as many active experts as its slots
   // hold at once (all of them when a token or a small batch is decoded; a
@@ -678,6 +714,20 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
         return;
       }
       if (first && store_->options().predict_next) predict_next(l);
+    }
+
+    // Each slot's input quantized for the experts' gate and up (all of a
+    // layer's experts share a format), in parallel; the task loop below finds
+    // it cached.
+    if (first) {
+      std::int32_t probe = wave_begin;
+      while (probe < wave_end && expert_count_[static_cast<std::size_t>(probe)] == 0) ++probe;
+      if (probe < wave_end) {
+        const Matrix& gate = expert_weights(l, probe).gate;
+        for_each_item(n_, [&](std::int32_t s) {
+          quantized_xn(s, gate, slots_[static_cast<std::size_t>(s)].session->modes_.ffn_gate_up);
+        });
+      }
     }
 
     // gate and up of every active expert, of the shared expert, and the
@@ -730,6 +780,13 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
     }
     run_matmats(tasks_.data(), count);
 
+    const std::int32_t pair_begin = expert_start_[static_cast<std::size_t>(wave_begin)];
+    for_each_item(expert_start_[static_cast<std::size_t>(wave_end)] - pair_begin, [&](std::int32_t i) {
+      const std::int32_t pair = routed_[static_cast<std::size_t>(pair_begin + i)];
+      const std::int32_t s = pair / top_k, k = pair % top_k;
+      activate(s, k, expert_weights(l, chosen_[at(s, top_k) + k]));
+    });
+    if (shared && first) for_each_item(n_, [&](std::int32_t s) { activate(s, top_k, layer.shared); });
     begin_tasks();
     count = 0;
     for (std::int32_t e = wave_begin; e < wave_end; ++e) {
@@ -742,7 +799,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       float** y = take_y(n);
       for (std::int32_t j = 0; j < n; ++j) {
         const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
-        xq[j] = activate(s, k, f);
+        xq[j] = down_input(s, k, f);
         x[j] = gate_of(s, k);
         y[j] = out_of(s, k);
       }
@@ -753,7 +810,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       const kernels::ActivationQ8** xq = take_xq(n_);
       float** y = take_y(n_);
       for (std::int32_t s = 0; s < n_; ++s) {
-        xq[s] = activate(s, top_k, layer.shared);
+        xq[s] = down_input(s, top_k, layer.shared);
         x[s] = gate_of(s, top_k);
         y[s] = out_of(s, top_k);
       }
@@ -765,10 +822,10 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   }
 
   // Each slot's weighted sum, in rank order whatever the grouping was.
-  for (std::int32_t s = 0; s < n_; ++s) {
+  for_each_item(n_, [&](std::int32_t s) {
     float* out = row(block_out_, s, hidden);
     std::fill(out, out + hidden, 0.0f);
-    if (slots_[static_cast<std::size_t>(s)].failed) continue;
+    if (slots_[static_cast<std::size_t>(s)].failed) return;
     for (std::int32_t k = 0; k < top_k; ++k) {
       const float weight = chosen_weight_[at(s, top_k) + k];
       const float* expert_out = out_of(s, k);
@@ -779,7 +836,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       const float* shared_out = out_of(s, top_k);
       for (std::int32_t i = 0; i < hidden; ++i) out[i] += gate * shared_out[i];
     }
-  }
+  });
 }
 
 void BatchDecoder::dense_ffn(std::int32_t l) {
@@ -789,6 +846,9 @@ void BatchDecoder::dense_ffn(std::int32_t l) {
   auto gate_of = [&](std::int32_t s) { return ffn_gate_.data() + at(s * blocks_, max_ff_); };
   auto up_of = [&](std::int32_t s) { return ffn_up_.data() + at(s * blocks_, max_ff_); };
 
+  for_each_item(n_, [&](std::int32_t s) {
+    quantized_xn(s, f.gate, slots_[static_cast<std::size_t>(s)].session->modes_.ffn_gate_up);
+  });
   begin_tasks();
   const float** x = take_x(n_);
   const kernels::ActivationQ8** gq = take_xq(n_);
@@ -811,7 +871,7 @@ void BatchDecoder::dense_ffn(std::int32_t l) {
   const float** dx = take_x(n_);
   const kernels::ActivationQ8** dq = take_xq(n_);
   float** dy = take_y(n_);
-  for (std::int32_t s = 0; s < n_; ++s) {
+  for_each_item(n_, [&](std::int32_t s) {
     float* h = gate_of(s);
     kernels::swiglu(h, up_of(s), f.gate.rows, h);
     const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down;
@@ -823,7 +883,7 @@ void BatchDecoder::dense_ffn(std::int32_t l) {
     }
     dx[s] = h;
     dy[s] = row(block_out_, s, hidden);
-  }
+  });
   tasks_[0] = {&f.down, n_, dx, dq, dy};
   run_matmats(tasks_.data(), 1);
 }

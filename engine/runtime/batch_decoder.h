@@ -136,6 +136,13 @@ class BatchDecoder {
   // when w takes f32 activations; cached per slot until xn changes.
   const kernels::ActivationQ8* quantized_xn(std::int32_t s, const Matrix& w, ActivationMode mode);
   void emit(std::int32_t s, const char* name, std::int32_t layer, const float* data, std::int32_t n) const;
+  // Calls body(i) for every i in [0, count): split across the team when
+  // parallel_items_, else in order on this thread. For the per-item work
+  // between the matrix products (norms, RoPE, KV stores, SwiGLU, activation
+  // quantization, expert sums), which on one thread left the other members
+  // waiting for up to a tenth of a batched step.
+  template <class Body>
+  void for_each_item(std::int32_t count, Body&& body);
   float* row(std::vector<float>& buffer, std::int32_t s, std::int32_t width) {
     return buffer.data() + static_cast<std::size_t>(s) * static_cast<std::size_t>(width);
   }
@@ -149,6 +156,12 @@ class BatchDecoder {
 
   std::vector<Slot> slots_;  // [capacity]
   std::int32_t n_ = 0;
+  // This step's per-item work runs on the team: a team of two or more, at
+  // least kParallelItems slots (fewer cost more in hand-offs than they save),
+  // and no tensor hook (hooks see a step's tensors in order, on one thread).
+  static constexpr std::int32_t kParallelItems = 4;
+  bool parallel_items_ = false;
+  std::vector<float> rope_cos_, rope_sin_;  // [capacity][head_dim / 2]: each slot's rotary angles
 
   // Per-slot activations, [capacity][width] each.
   std::vector<float> x_, xn_, block_out_;  // hidden

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -322,6 +323,29 @@ TEST(F16Conversion, RoundsToTheNearestHalfTiesToEven) {
       ASSERT_LE(mine, theirs) << x << " -> 0x" << std::hex << h;
       if (mine == theirs) {
         ASSERT_EQ(m & 1u, 0u) << "tie not to even: " << x;
+      }
+    }
+  }
+}
+
+// The batched forward pass computes a position's rotary angles once per step
+// and rotates q and k of every layer with them: the bits must be those of the
+// one-call rotation.
+TEST(RopeAngles, SplitRotationGivesTheOneCallBits) {
+  std::mt19937 rng(5);
+  for (std::int32_t head_dim : {2, 64, 128, 256}) {
+    for (std::int32_t position : {0, 1, 7, 4095, 131071}) {
+      for (float theta : {10000.0f, 1000000.0f}) {
+        SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << " position " << position << " theta " << theta);
+        const std::int32_t heads = 3;
+        std::vector<float> want = random_vector(heads * head_dim, rng, 2.0f);
+        std::vector<float> got = want;
+        ref::rope_rotate_half(want.data(), heads, head_dim, position, theta);
+        std::vector<float> cos(static_cast<std::size_t>(head_dim / 2)), sin(cos.size());
+        ref::rope_angles(head_dim, position, theta, cos.data(), sin.data());
+        ref::rope_rotate_half(got.data(), heads, head_dim, cos.data(), sin.data());
+        for (std::size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
       }
     }
   }
