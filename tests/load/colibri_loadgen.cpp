@@ -4,12 +4,16 @@
 //   colibri-loadgen --url http://127.0.0.1:8080 --clients 16 --requests 64
 //                   --prompt-tokens 32 --max-tokens 64 --duration 600
 //
-// Phase 1 runs single-stream requests one after another (the baseline); phase
-// 2 runs --clients concurrent streaming clients until --requests are done or
+// A round runs single-stream requests one after another (the baseline), then
+// --clients concurrent streaming clients until --requests are done or
 // --duration has passed. Prompts are token ids (exactly --prompt-tokens each)
 // and ignore_eos is set, so every request generates exactly --max-tokens.
 // Reports aggregate decode tokens/s against the single stream's, time to
 // first token P50/P99 and inter-token latency P50/P99, as text and JSON.
+// With --rounds N the two phases alternate N times: on a host shared with
+// other work a baseline measured once can fall into a slow minute and make the
+// ratio meaningless, so each round's ratio (baseline and load taken minutes
+// apart at most) is reported and their median beside the pooled figures.
 #include <httplib.h>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +41,7 @@ struct Options {
   int prompt_tokens = 32;
   int max_tokens = 64;
   int duration_s = 600;
+  int rounds = 1;
   std::string api_key_file;
   std::string json_out;
 };
@@ -170,6 +175,11 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-tokens", options.prompt_tokens, "Prompt length in tokens")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--max-tokens", options.max_tokens, "Tokens generated per request")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--duration", options.duration_s, "Upper bound on the whole run, seconds")->capture_default_str()->check(CLI::Range(1, 86400));
+  app.add_option("--rounds", options.rounds,
+                 "Baseline and concurrent phases alternate this many times; each round's ratio is reported and "
+                 "their median")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   app.add_option("--api-key-file", options.api_key_file, "File with the server's API key");
   app.add_option("--json-out", options.json_out, "Also write the summary as JSON to this file");
   CLI11_PARSE(app, argc, argv);
@@ -191,51 +201,77 @@ int main(int argc, char** argv) {
   const auto deadline = Clock::now() + std::chrono::seconds(options.duration_s);
   Runner runner(options, api_key, vocab);
 
-  json report;
-  if (options.baseline_requests > 0) {
+  // Per round: the baseline's and the load's requests and wall times.
+  std::vector<RequestStats> single_all, concurrent_all;
+  double single_wall = 0, concurrent_wall = 0, decode_s = 0;
+  long decode_tokens = 0;
+  json rounds = json::array();
+  for (int round = 0; round < options.rounds && Clock::now() < deadline; ++round) {
+    const int seed_base = round * 100000;
     std::vector<RequestStats> single;
-    double decode_s = 0;
-    long decode_tokens = 0;
-    const auto start = Clock::now();
+    auto start = Clock::now();
     for (int i = 0; i < options.baseline_requests && Clock::now() < deadline; ++i) {
-      single.push_back(runner.run_one(1000 + i, deadline));
+      single.push_back(runner.run_one(seed_base + 1000 + i, deadline));
       if (single.back().ok) {
         decode_s += single.back().decode_s;
         decode_tokens += single.back().tokens - 1;
       }
     }
-    report["single_stream"] = summarize(single, std::chrono::duration<double>(Clock::now() - start).count());
-    report["single_stream"]["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
+    const double single_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+    std::vector<RequestStats> results;
+    std::mutex mutex;
+    std::atomic<int> next{0};
+    start = Clock::now();
+    std::vector<std::thread> clients;
+    for (int c = 0; c < options.clients; ++c) {
+      clients.emplace_back([&] {
+        for (;;) {
+          const int i = next.fetch_add(1);
+          if (i >= options.requests || Clock::now() >= deadline) return;
+          RequestStats stats = runner.run_one(seed_base + i, deadline);
+          std::lock_guard lock(mutex);
+          results.push_back(std::move(stats));
+        }
+      });
+    }
+    for (auto& thread : clients) thread.join();
+    const double concurrent_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+    json entry = {{"concurrent", summarize(results, concurrent_s)}};
+    if (!single.empty()) {
+      entry["single_stream"] = summarize(single, single_s);
+      const double base = entry["single_stream"]["tokens_per_s"].get<double>();
+      entry["speedup_vs_single_stream"] = base > 0 ? entry["concurrent"]["tokens_per_s"].get<double>() / base : 0.0;
+    }
+    rounds.push_back(entry);
+    single_all.insert(single_all.end(), single.begin(), single.end());
+    concurrent_all.insert(concurrent_all.end(), results.begin(), results.end());
+    single_wall += single_s;
+    concurrent_wall += concurrent_s;
   }
 
-  std::vector<RequestStats> results;
-  std::mutex mutex;
-  std::atomic<int> next{0};
-  const auto start = Clock::now();
-  std::vector<std::thread> clients;
-  for (int c = 0; c < options.clients; ++c) {
-    clients.emplace_back([&] {
-      for (;;) {
-        const int i = next.fetch_add(1);
-        if (i >= options.requests || Clock::now() >= deadline) return;
-        RequestStats stats = runner.run_one(i, deadline);
-        std::lock_guard lock(mutex);
-        results.push_back(std::move(stats));
-      }
-    });
-  }
-  for (auto& thread : clients) thread.join();
-  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-  report["concurrent"] = summarize(results, wall);
+  json report;
+  const std::vector<RequestStats>& results = concurrent_all;
+  report["concurrent"] = summarize(results, concurrent_wall);
   report["concurrent"]["clients"] = options.clients;
-  if (report.contains("single_stream")) {
+  if (!single_all.empty()) {
+    report["single_stream"] = summarize(single_all, single_wall);
+    report["single_stream"]["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
     // Same definition on both sides: generated tokens over wall time, prompt
     // processing included (with one token per event on a real model, the
     // single stream's decode_tokens_per_s is the pure decode rate).
     const double single = report["single_stream"]["tokens_per_s"].get<double>();
     const double aggregate = report["concurrent"]["tokens_per_s"].get<double>();
     report["speedup_vs_single_stream"] = single > 0 ? aggregate / single : 0.0;
+    std::vector<double> ratios;
+    for (const json& round : rounds) ratios.push_back(round.value("speedup_vs_single_stream", 0.0));
+    std::sort(ratios.begin(), ratios.end());
+    const std::size_t middle = ratios.size() / 2;
+    report["speedup_median_of_rounds"] =
+        ratios.size() % 2 == 1 ? ratios[middle] : (ratios[middle - 1] + ratios[middle]) / 2.0;
   }
+  report["rounds"] = rounds;
   for (const RequestStats& s : results)
     if (!s.ok && !s.error.empty()) {
       report["first_error"] = s.error;
