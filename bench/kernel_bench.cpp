@@ -265,8 +265,10 @@ struct MatmatShape {
   std::int32_t rows, cols;
 };
 // 512x14336: rows of a Mixtral-8x7B down projection, wider than one packed tile.
+// 256x1024 (256 KB as int8) stays in L2: the kernels' compute ceiling for the
+// few-vector products of batched decode, without L3 in the way.
 constexpr MatmatShape kMatmatShapes[] = {
-    {"2048x2048", 2048, 2048}, {"1024x2048", 1024, 2048}, {"512x14336", 512, 14336}};
+    {"2048x2048", 2048, 2048}, {"1024x2048", 1024, 2048}, {"512x14336", 512, 14336}, {"256x1024", 256, 1024}};
 constexpr Variant kMatmatVariants[] = {
     {WeightFormat::Q8, true, false, "q8g64_int8act"}, {WeightFormat::Q8, true, true, "q8g64_int8x2act"},
     {WeightFormat::Q8R16, true, false, "q8r16g64_int8act"}, {WeightFormat::Q8R16, true, true, "q8r16g64_int8x2act"},
@@ -431,7 +433,7 @@ void register_benchmarks() {
   for (const MatmatShape& shape : kMatmatShapes)
     for (const Variant& variant : kMatmatVariants)
       for (Isa isa : kernels::supported_isas())
-        for (std::int32_t n : {1, 4, 8, 16, 32, 64})
+        for (std::int32_t n : {1, 2, 3, 4, 8, 16, 32, 64})
           for (bool use_matmat : {true, false}) {
             const std::string name = std::string(use_matmat ? "matmat/" : "matvec_x_n/") + variant.name + "/" +
                                      shape.name + "/" + std::string(kernels::isa_name(isa)) + "/n:" + std::to_string(n);
