@@ -119,24 +119,6 @@ void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, con
   }
 }
 
-void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, std::int32_t position,
-                      float theta) {
-  const std::int32_t half = head_dim / 2;
-  for (std::int32_t i = 0; i < half; ++i) {
-    double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
-    double angle = position * inv_freq;
-    float c = static_cast<float>(std::cos(angle));
-    float s = static_cast<float>(std::sin(angle));
-    for (std::int32_t h = 0; h < n_heads; ++h) {
-      float* head = x + static_cast<std::size_t>(h) * head_dim;
-      float a = head[i];
-      float b = head[i + half];
-      head[i] = a * c - b * s;
-      head[i + half] = b * c + a * s;
-    }
-  }
-}
-
 void softmax(float* x, std::int32_t n) {
   float max = x[0];
   for (std::int32_t i = 1; i < n; ++i) max = std::fmax(max, x[i]);

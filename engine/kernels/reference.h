@@ -15,13 +15,10 @@ float dot(const float* a, const float* b, std::int32_t n);
 // out = x / rms(x) * weight; out may alias x.
 void rmsnorm(const float* x, const float* weight, std::int32_t n, float eps, float* out);
 // Rotary embedding in the "rotate half" layout Hugging Face checkpoints use:
-// element i pairs with element i + head_dim/2 within each head.
-void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, std::int32_t position,
-                      float theta);
-// The same in two halves, so a position's angles (which depend on neither the
-// layer nor q or k) are computed once: cos[i] and sin[i] of
-// position * theta^(-2i / head_dim) for i < head_dim / 2, then the rotation.
-// Together they give rope_rotate_half's bits.
+// element i pairs with element i + head_dim/2 within each head. In two parts,
+// so a position's angles (which depend on neither the layer nor q or k) are
+// computed once: cos[i] and sin[i] of position * theta^(-2i / head_dim) for
+// i < head_dim / 2 (in double, rounded once), then the rotation.
 void rope_angles(std::int32_t head_dim, std::int32_t position, float theta, float* cos, float* sin);
 void rope_rotate_half(float* x, std::int32_t n_heads, std::int32_t head_dim, const float* cos, const float* sin);
 // In place, numerically stable.

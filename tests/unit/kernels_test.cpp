@@ -328,6 +328,25 @@ TEST(F16Conversion, RoundsToTheNearestHalfTiesToEven) {
   }
 }
 
+// RoPE as the engine computed it in one call per q or k until session 9,
+// each angle recomputed where it is used.
+void rope_in_one_call(float* x, std::int32_t n_heads, std::int32_t head_dim, std::int32_t position, float theta) {
+  const std::int32_t half = head_dim / 2;
+  for (std::int32_t i = 0; i < half; ++i) {
+    double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+    double angle = position * inv_freq;
+    float c = static_cast<float>(std::cos(angle));
+    float s = static_cast<float>(std::sin(angle));
+    for (std::int32_t h = 0; h < n_heads; ++h) {
+      float* head = x + static_cast<std::size_t>(h) * head_dim;
+      float a = head[i];
+      float b = head[i + half];
+      head[i] = a * c - b * s;
+      head[i + half] = b * c + a * s;
+    }
+  }
+}
+
 // The batched forward pass computes a position's rotary angles once per step
 // and rotates q and k of every layer with them: the bits must be those of the
 // one-call rotation.
@@ -340,7 +359,7 @@ TEST(RopeAngles, SplitRotationGivesTheOneCallBits) {
         const std::int32_t heads = 3;
         std::vector<float> want = random_vector(heads * head_dim, rng, 2.0f);
         std::vector<float> got = want;
-        ref::rope_rotate_half(want.data(), heads, head_dim, position, theta);
+        rope_in_one_call(want.data(), heads, head_dim, position, theta);
         std::vector<float> cos(static_cast<std::size_t>(head_dim / 2)), sin(cos.size());
         ref::rope_angles(head_dim, position, theta, cos.data(), sin.data());
         ref::rope_rotate_half(got.data(), heads, head_dim, cos.data(), sin.data());
