@@ -383,6 +383,25 @@ void BatchDecoder::for_each_item(std::int32_t count, Body&& body) {
   });
 }
 
+void BatchDecoder::quantize_inputs(const Matrix& w, ActivationMode ActivationModes::*mode) {
+  for_each_item(n_, [&](std::int32_t s) { quantized_xn(s, w, slots_[static_cast<std::size_t>(s)].session->modes_.*mode); });
+}
+
+const kernels::ActivationQ8* BatchDecoder::down_input(std::int32_t s, std::int32_t b, const FfnWeights& f) {
+  const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down;
+  if (!is_quantized(f.down.format) || mode == ActivationMode::F32) return nullptr;
+  return &hidden_q_[static_cast<std::size_t>(s * blocks_ + b)];
+}
+
+void BatchDecoder::activate(std::int32_t s, std::int32_t b, const FfnWeights& f) {
+  float* h = block_gate(s, b);
+  kernels::swiglu(h, block_up(s, b), f.gate.rows, h);
+  if (down_input(s, b, f) != nullptr)
+    kernels::quantize_activation(h, f.gate.rows, f.down.group, hidden_q_[static_cast<std::size_t>(s * blocks_ + b)],
+                                 slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down ==
+                                     ActivationMode::Int8Residual);
+}
+
 void BatchDecoder::forward() {
   const ModelConfig& c = model_->config();
   const ModelWeights& w = model_->weights();
@@ -468,10 +487,7 @@ void BatchDecoder::attention(std::int32_t l) {
   // q, k and v of every slot. Every slot's K and V of this layer is cached
   // (store_kv) before any slot attends, so the tokens of one session's prompt
   // chunk see each other.
-  // Quantized here, in parallel; the task loop below finds them cached.
-  for_each_item(n_, [&](std::int32_t s) {
-    quantized_xn(s, layer.q, slots_[static_cast<std::size_t>(s)].session->modes_.attention);
-  });
+  quantize_inputs(layer.q, &ActivationModes::attention);
   begin_tasks();
   const float** x = take_x(n_);
   const Matrix* const matrices[3] = {&layer.q, &layer.k, &layer.v};
@@ -608,9 +624,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   const std::int32_t top_k = c.top_k;
   const std::int32_t n_experts = c.n_experts;
 
-  for_each_item(n_, [&](std::int32_t s) {
-    quantized_xn(s, layer.router, slots_[static_cast<std::size_t>(s)].session->modes_.router);
-  });
+  quantize_inputs(layer.router, &ActivationModes::router);
   begin_tasks();
   {
     const float** x = take_x(n_);
@@ -675,29 +689,9 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
   }
 
   // Block b of slot s: its rank-b expert, or the shared expert at b = top_k.
-  auto gate_of = [&](std::int32_t s, std::int32_t b) { return ffn_gate_.data() + at(s * blocks_ + b, max_ff_); };
-  auto up_of = [&](std::int32_t s, std::int32_t b) { return ffn_up_.data() + at(s * blocks_ + b, max_ff_); };
-  auto out_of = [&](std::int32_t s, std::int32_t b) { return ffn_out_.data() + at(s * blocks_ + b, hidden); };
-  auto hidden_q_of = [&](std::int32_t s, std::int32_t b) -> kernels::ActivationQ8& {
-    return hidden_q_[static_cast<std::size_t>(s * blocks_ + b)];
-  };
+  auto out_of = [&](std::int32_t s, std::int32_t b) { return ffn_out_.data() + block_offset(s, b, hidden); };
   const bool shared = !layer.shared.gate.empty();
 
-  // Block b of slot s's down-projection input: its SwiGLU, in place of the
-  // gate, and that quantized when the down weights take int8 activations.
-  auto down_input = [&](std::int32_t s, std::int32_t b, const FfnWeights& f) -> const kernels::ActivationQ8* {
-    const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down;
-    if (!is_quantized(f.down.format) || mode == ActivationMode::F32) return nullptr;
-    return &hidden_q_of(s, b);
-  };
-  auto activate = [&](std::int32_t s, std::int32_t b, const FfnWeights& f) {
-    float* h = gate_of(s, b);
-    kernels::swiglu(h, up_of(s, b), f.gate.rows, h);
-    if (down_input(s, b, f) != nullptr)
-      kernels::quantize_activation(h, f.gate.rows, f.down.group, hidden_q_of(s, b),
-                                   slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down ==
-                                       ActivationMode::Int8Residual);
-  };
   // Experts run in waves: with a store, as many active experts as its slots
   // hold at once (all of them when a token or a small batch is decoded; a
   // prompt chunk or a large batch may need several), acquired for the wave
@@ -716,18 +710,12 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       if (first && store_->options().predict_next) predict_next(l);
     }
 
-    // Each slot's input quantized for the experts' gate and up (all of a
-    // layer's experts share a format), in parallel; the task loop below finds
-    // it cached.
+    // Each slot's input for the experts' gate and up (all of a layer's
+    // experts share a format), quantized from the first active one's.
     if (first) {
       std::int32_t probe = wave_begin;
       while (probe < wave_end && expert_count_[static_cast<std::size_t>(probe)] == 0) ++probe;
-      if (probe < wave_end) {
-        const Matrix& gate = expert_weights(l, probe).gate;
-        for_each_item(n_, [&](std::int32_t s) {
-          quantized_xn(s, gate, slots_[static_cast<std::size_t>(s)].session->modes_.ffn_gate_up);
-        });
-      }
+      if (probe < wave_end) quantize_inputs(expert_weights(l, probe).gate, &ActivationModes::ffn_gate_up);
     }
 
     // gate and up of every active expert, of the shared expert, and the
@@ -750,8 +738,8 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
         x[j] = row(xn_, s, hidden);
         gq[j] = quantized_xn(s, f.gate, mode);
         uq[j] = quantized_xn(s, f.up, mode);
-        gy[j] = gate_of(s, k);
-        uy[j] = up_of(s, k);
+        gy[j] = block_gate(s, k);
+        uy[j] = block_up(s, k);
       }
       tasks_[static_cast<std::size_t>(count++)] = {&f.gate, n, x, gq, gy};
       tasks_[static_cast<std::size_t>(count++)] = {&f.up, n, x, uq, uy};
@@ -770,8 +758,8 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
         gq[s] = quantized_xn(s, layer.shared.gate, modes.ffn_gate_up);
         uq[s] = quantized_xn(s, layer.shared.up, modes.ffn_gate_up);
         sq[s] = quantized_xn(s, layer.shared_expert_gate, modes.router);
-        gy[s] = gate_of(s, top_k);
-        uy[s] = up_of(s, top_k);
+        gy[s] = block_gate(s, top_k);
+        uy[s] = block_up(s, top_k);
         sy[s] = &shared_gate_[static_cast<std::size_t>(s)];
       }
       tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.gate, n_, x, gq, gy};
@@ -800,7 +788,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       for (std::int32_t j = 0; j < n; ++j) {
         const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
         xq[j] = down_input(s, k, f);
-        x[j] = gate_of(s, k);
+        x[j] = block_gate(s, k);
         y[j] = out_of(s, k);
       }
       tasks_[static_cast<std::size_t>(count++)] = {&f.down, n, x, xq, y};
@@ -811,7 +799,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       float** y = take_y(n_);
       for (std::int32_t s = 0; s < n_; ++s) {
         xq[s] = down_input(s, top_k, layer.shared);
-        x[s] = gate_of(s, top_k);
+        x[s] = block_gate(s, top_k);
         y[s] = out_of(s, top_k);
       }
       tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.down, n_, x, xq, y};
@@ -843,12 +831,8 @@ void BatchDecoder::dense_ffn(std::int32_t l) {
   const ModelConfig& c = model_->config();
   const FfnWeights& f = model_->weights().layers[static_cast<std::size_t>(l)].dense;
   const std::int32_t hidden = c.hidden;
-  auto gate_of = [&](std::int32_t s) { return ffn_gate_.data() + at(s * blocks_, max_ff_); };
-  auto up_of = [&](std::int32_t s) { return ffn_up_.data() + at(s * blocks_, max_ff_); };
 
-  for_each_item(n_, [&](std::int32_t s) {
-    quantized_xn(s, f.gate, slots_[static_cast<std::size_t>(s)].session->modes_.ffn_gate_up);
-  });
+  quantize_inputs(f.gate, &ActivationModes::ffn_gate_up);
   begin_tasks();
   const float** x = take_x(n_);
   const kernels::ActivationQ8** gq = take_xq(n_);
@@ -860,8 +844,8 @@ void BatchDecoder::dense_ffn(std::int32_t l) {
     x[s] = row(xn_, s, hidden);
     gq[s] = quantized_xn(s, f.gate, mode);
     uq[s] = quantized_xn(s, f.up, mode);
-    gy[s] = gate_of(s);
-    uy[s] = up_of(s);
+    gy[s] = block_gate(s, 0);
+    uy[s] = block_up(s, 0);
   }
   tasks_[0] = {&f.gate, n_, x, gq, gy};
   tasks_[1] = {&f.up, n_, x, uq, uy};
@@ -872,16 +856,9 @@ void BatchDecoder::dense_ffn(std::int32_t l) {
   const kernels::ActivationQ8** dq = take_xq(n_);
   float** dy = take_y(n_);
   for_each_item(n_, [&](std::int32_t s) {
-    float* h = gate_of(s);
-    kernels::swiglu(h, up_of(s), f.gate.rows, h);
-    const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down;
-    dq[s] = nullptr;
-    if (is_quantized(f.down.format) && mode != ActivationMode::F32) {
-      kernels::ActivationQ8& hq = hidden_q_[static_cast<std::size_t>(s * blocks_)];
-      kernels::quantize_activation(h, f.gate.rows, f.down.group, hq, mode == ActivationMode::Int8Residual);
-      dq[s] = &hq;
-    }
-    dx[s] = h;
+    activate(s, 0, f);
+    dq[s] = down_input(s, 0, f);
+    dx[s] = block_gate(s, 0);
     dy[s] = row(block_out_, s, hidden);
   });
   tasks_[0] = {&f.down, n_, dx, dq, dy};

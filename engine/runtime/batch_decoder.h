@@ -136,6 +136,20 @@ class BatchDecoder {
   // when w takes f32 activations; cached per slot until xn changes.
   const kernels::ActivationQ8* quantized_xn(std::int32_t s, const Matrix& w, ActivationMode mode);
   void emit(std::int32_t s, const char* name, std::int32_t layer, const float* data, std::int32_t n) const;
+  // Quantizes every slot's xn for w, in the mode `mode` picks from the slot's
+  // session, split across the team; the task loops then find it cached.
+  void quantize_inputs(const Matrix& w, ActivationMode ActivationModes::*mode);
+  // FFN block b of slot s (blocks_ per slot): its gate and up outputs.
+  float* block_gate(std::int32_t s, std::int32_t b) { return ffn_gate_.data() + block_offset(s, b, max_ff_); }
+  float* block_up(std::int32_t s, std::int32_t b) { return ffn_up_.data() + block_offset(s, b, max_ff_); }
+  // The block's down-projection input: SwiGLU in place of its gate, then
+  // quantized (hidden_q_) when f.down takes int8 activations in the slot's mode.
+  void activate(std::int32_t s, std::int32_t b, const FfnWeights& f);
+  // Where activate() quantized it, or null when f.down takes f32 activations.
+  const kernels::ActivationQ8* down_input(std::int32_t s, std::int32_t b, const FfnWeights& f);
+  std::size_t block_offset(std::int32_t s, std::int32_t b, std::int32_t width) const {
+    return static_cast<std::size_t>(s * blocks_ + b) * static_cast<std::size_t>(width);
+  }
   // Calls body(i) for every i in [0, count): split across the team when
   // parallel_items_, else in order on this thread. For the per-item work
   // between the matrix products (norms, RoPE, KV stores, SwiGLU, activation
