@@ -252,8 +252,7 @@ int main(int argc, char** argv) {
   }
 
   json report;
-  const std::vector<RequestStats>& results = concurrent_all;
-  report["concurrent"] = summarize(results, concurrent_wall);
+  report["concurrent"] = summarize(concurrent_all, concurrent_wall);
   report["concurrent"]["clients"] = options.clients;
   if (!single_all.empty()) {
     report["single_stream"] = summarize(single_all, single_wall);
@@ -272,7 +271,7 @@ int main(int argc, char** argv) {
         ratios.size() % 2 == 1 ? ratios[middle] : (ratios[middle - 1] + ratios[middle]) / 2.0;
   }
   report["rounds"] = rounds;
-  for (const RequestStats& s : results)
+  for (const RequestStats& s : concurrent_all)
     if (!s.ok && !s.error.empty()) {
       report["first_error"] = s.error;
       break;
