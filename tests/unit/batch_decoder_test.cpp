@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -27,12 +28,73 @@ namespace {
 
 using Logits = std::vector<std::vector<float>>;  // one row per position
 
+// No fixture has a dense (non-MoE) FFN layer, so this one is made: the
+// qwen3moe-tiny checkpoint with `mlp_only_layers: [0]` and a second shard
+// holding layer 0's dense gate/up/down (deterministic values, f32). The
+// layer's experts stay in the first shard, unused.
+constexpr const char* kDenseFixture = "qwen3moe-dense0";
+
+std::filesystem::path make_dense_variant(const std::filesystem::path& out) {
+  const std::filesystem::path source = std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / "qwen3moe-tiny";
+  if (std::filesystem::exists(out / "model.safetensors.index.json")) return out;
+  std::filesystem::create_directories(out);
+  for (const char* file : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(source / file, out / file, std::filesystem::copy_options::overwrite_existing);
+
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(source / "config.json"));
+  config["mlp_only_layers"] = {0};
+  const std::int64_t hidden = config["hidden_size"], ff = config["intermediate_size"];
+  std::ofstream(out / "config.json") << config.dump(1);
+
+  // safetensors: 8-byte little-endian header length, JSON header, data.
+  std::ifstream shard(source / "model.safetensors", std::ios::binary);
+  std::uint64_t header_bytes = 0;
+  shard.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header_text(header_bytes, ' ');
+  shard.read(header_text.data(), static_cast<std::streamsize>(header_bytes));
+  const nlohmann::json first_header = nlohmann::json::parse(header_text);
+  nlohmann::json weight_map;
+  for (const auto& [name, value] : first_header.items())
+    if (name != "__metadata__") weight_map[name] = "model.safetensors";
+
+  const std::pair<const char*, std::array<std::int64_t, 2>> dense[] = {
+      {"model.layers.0.mlp.gate_proj.weight", {ff, hidden}},
+      {"model.layers.0.mlp.up_proj.weight", {ff, hidden}},
+      {"model.layers.0.mlp.down_proj.weight", {hidden, ff}}};
+  nlohmann::json dense_header = nlohmann::json::object();
+  std::vector<float> data;
+  std::uint64_t state = 12345;
+  for (const auto& [name, shape] : dense) {
+    const std::size_t begin = data.size() * sizeof(float);
+    for (std::int64_t i = 0; i < shape[0] * shape[1]; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      data.push_back((static_cast<float>(state >> 40) / 16777216.0f - 0.5f) * 0.3f);  // uniform, std ~0.087
+    }
+    dense_header[name] = {{"dtype", "F32"}, {"shape", {shape[0], shape[1]}},
+                          {"data_offsets", {begin, data.size() * sizeof(float)}}};
+    weight_map[name] = "dense.safetensors";
+  }
+  std::string dense_text = dense_header.dump();
+  dense_text.append((8 - dense_text.size() % 8) % 8, ' ');
+  std::ofstream dense_shard(out / "dense.safetensors", std::ios::binary);
+  const std::uint64_t dense_bytes = dense_text.size();
+  dense_shard.write(reinterpret_cast<const char*>(&dense_bytes), 8);
+  dense_shard << dense_text;
+  dense_shard.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(float)));
+  std::ofstream(out / "model.safetensors.index.json") << nlohmann::json{{"metadata", nlohmann::json::object()},
+                                                                       {"weight_map", weight_map}}.dump();
+  return out;
+}
+
 std::filesystem::path fixture_dir(const std::string& name) {
+  if (name == kDenseFixture)
+    return make_dense_variant(std::filesystem::temp_directory_path() /
+                              ("colibri-batch-" + std::to_string(::getpid())) / kDenseFixture);
   return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / name;
 }
 
 std::vector<std::vector<std::int32_t>> prompts_of(const std::string& fixture) {
-  std::ifstream in(fixture_dir(fixture) / "reference.json");
+  std::ifstream in(fixture_dir(fixture == kDenseFixture ? "qwen3moe-tiny" : fixture) / "reference.json");
   const nlohmann::json reference = nlohmann::json::parse(in);
   std::vector<std::vector<std::int32_t>> prompts;
   for (const auto& prompt : reference["prompts"])
@@ -86,13 +148,17 @@ class BatchDecoderKv : public BatchDecoderTest, public ::testing::WithParamInter
 TEST_P(BatchDecoderKv, LogitsDoNotDependOnBatchingPrefillOrTeam) {
   const KvCacheType kv = GetParam();
   ThreadTeam two(2);
-  for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny"}) {
+  for (const char* fixture : {"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny", "olmoe-tiny", kDenseFixture}) {
     const auto prompts = prompts_of(fixture);
     ASSERT_EQ(prompts.size(), 3u);
     for (const char* scheme : {"f32", "int8"}) {
       SCOPED_TRACE(testing::Message() << fixture << " " << scheme);
       auto model = load(fixture, scheme);
       ASSERT_NE(model, nullptr);
+      if (std::string(fixture) == kDenseFixture) {
+        ASSERT_FALSE(model->weights().layers[0].is_moe);
+        ASSERT_TRUE(model->weights().layers[1].is_moe);
+      }
       const std::int32_t vocab = model->config().vocab;
       // With int8 weights the third session takes other activation modes than
       // the others: a batch mixes them per item.
