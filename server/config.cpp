@@ -121,8 +121,8 @@ const std::array kOptions = {
                "that stops part way gets 408 and is disconnected); also how long a new connection "
                "may stay silent."},
     OptionSpec{"write_timeout_s", &C::write_timeout_s, 1, 3600, "",
-               "Seconds a write to a client may block before the connection is dropped (and its "
-               "generation cancelled)."},
+               "Seconds a write to a client may block before the connection is dropped, or the gRPC "
+               "call cancelled (and its generation cancelled)."},
     OptionSpec{"disconnect_poll_ms", &C::disconnect_poll_ms, 10, 1000, "",
                "How often a connection that waits for tokens checks whether its client has gone; "
                "a closed client's session is freed within about this time plus one step.",

@@ -9,6 +9,7 @@
 #include "colibri.grpc.pb.h"
 #include "http_json.h"
 #include "request_log.h"
+#include "write_watchdog.h"
 
 namespace colibri::server {
 
@@ -273,6 +274,20 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
     record.prompt_tokens = job.prompt_tokens;
     std::shared_ptr<StreamChannel> channel = job.channel;
     const auto poll = std::chrono::milliseconds(service_.settings()->config.disconnect_poll_ms);
+    // A write blocked longer than write_timeout_s (a client that stopped
+    // reading) cancels the call, as HTTP drops such a connection; without
+    // this the call's thread would wait on the client forever.
+    const auto write_timeout = std::chrono::seconds(service_.settings()->config.write_timeout_s);
+    auto write = [&](const pb::GenerateChunk& chunk) {
+      WriteWatchdog::Armed armed(write_watchdog_, write_timeout, [ctx] { ctx->TryCancel(); });
+      const bool written = writer->Write(chunk);
+      if (!written && armed.expired()) {
+        record.finish = "slow_client";
+        spdlog::warn("gRPC {} {}: the client read nothing for {} s (write_timeout_s); the call was cancelled",
+                     record.endpoint, record.id, write_timeout.count());
+      }
+      return written;
+    };
     for (;;) {
       auto admission = channel->wait_started(poll);
       if (admission == StreamChannel::Admission::Started) break;
@@ -308,7 +323,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
           chunk.mutable_token_ids()->Add(piece.tokens.begin(), piece.tokens.end());
         }
         chunk.set_text(std::move(text));
-        if (!writer->Write(chunk)) {
+        if (!write(chunk)) {
           channel->cancel();
           return gone(ctx);
         }
@@ -325,7 +340,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
         usage->set_prompt_tokens(result.prompt_tokens);
         usage->set_completion_tokens(result.completion_tokens);
         usage->set_total_tokens(result.prompt_tokens + result.completion_tokens);
-        writer->Write(last);
+        if (!write(last)) return gone(ctx);
         return grpc::Status::OK;
       }
       if (ctx->IsCancelled()) {
@@ -338,6 +353,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
 
   server::Service& service_;
   ModelHost* host_;
+  WriteWatchdog write_watchdog_;
 };
 
 struct GrpcServer::Impl {

@@ -234,6 +234,49 @@ TEST_F(GrpcServerTest, ClientCancelFreesTheSession) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
 }
 
+// A client that opens a stream and stops reading: once the HTTP/2 window is
+// full the server's Write blocks. The scheduler already drops the generation
+// when the stream's buffer fills (slow_client); the call's own thread must not
+// stay blocked either: after write_timeout_s the call is cancelled, as an
+// HTTP connection is dropped, and the thread is free while the client still
+// holds its end open.
+TEST(GrpcSlowReaderTest, AStalledWriteIsCancelledAfterTheWriteTimeout) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "0", "--write-timeout-s", "1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  // A small, fixed receive window, so that the server's writes stop after a
+  // few hundred tokens instead of after the whole stream is buffered here.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->grpc_port()),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = pb::Colibri::NewStub(channel);
+  pb::GenerateRequest request;
+  request.set_prompt("stalled");
+  request.mutable_options()->set_max_tokens(4000);
+  request.mutable_options()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, request);  // never read until the end
+
+  const std::string series = "colibri_grpc_requests_total{method=\"Generate\",code=\"CANCELLED\"}";
+  const auto start = std::chrono::steady_clock::now();
+  double finished = -1;
+  while ((finished = metric_value(http_get(server->port(), "/metrics").body, series)) < 1 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(finished, 1) << "the Generate call's thread is still blocked in a write after "
+                         << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n"
+                         << server->log();
+  EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body, "colibri_active_sessions"), 0);
+  ctx.TryCancel();
+  pb::GenerateChunk chunk;
+  while (reader->Read(&chunk)) {
+  }
+  reader->Finish();
+}
+
 TEST(GrpcAuthTest, MethodsNeedTheKeyButHealthDoesNot) {
   std::string error;
   auto server = ServerProcess::start({"--grpc-port", "0"}, error, {"COLIBRI_API_KEY=grpc-key"});
