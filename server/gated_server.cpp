@@ -198,10 +198,7 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
       return close_connection(fd);
     }
     Waiting w{served, idle_deadline, request_timeout, {}, false};
-    if (now == Headers::Partial) {
-      w.started = true;
-      w.request_deadline = Clock::now() + request_timeout;
-    }
+    if (now == Headers::Partial) w.mark_started();
     waiting_[fd] = w;
     count_waiting();
   }
@@ -254,10 +251,7 @@ void ConnectionGate::check(int fd) {
   if (headers == Headers::Partial) {
     std::lock_guard lock(mutex_);
     const auto it = waiting_.find(fd);
-    if (it != waiting_.end() && !it->second.started) {
-      it->second.started = true;
-      it->second.request_deadline = Clock::now() + it->second.request_timeout;
-    }
+    if (it != waiting_.end()) it->second.mark_started();
     return;
   }
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);

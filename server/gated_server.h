@@ -73,6 +73,12 @@ class ConnectionGate {
     Clock::duration request_timeout;
     Clock::time_point request_deadline;  // set at the first byte
     bool started = false;
+    // The first byte arrived: the whole request is due within request_timeout.
+    void mark_started() {
+      if (started) return;
+      started = true;
+      request_deadline = Clock::now() + request_timeout;
+    }
   };
   void run();
   void check(int fd);
