@@ -34,8 +34,13 @@ using Logits = std::vector<std::vector<float>>;  // one row per position
 // layer's experts stay in the first shard, unused.
 constexpr const char* kDenseFixture = "qwen3moe-dense0";
 
-std::filesystem::path make_dense_variant(const std::filesystem::path& out) {
-  const std::filesystem::path source = std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / "qwen3moe-tiny";
+std::filesystem::path fixtures_root() { return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures"; }
+// This process's files (converted models, the dense variant); removed after the suite.
+std::filesystem::path scratch_dir() {
+  return std::filesystem::temp_directory_path() / ("colibri-batch-" + std::to_string(::getpid()));
+}
+
+std::filesystem::path make_dense_variant(const std::filesystem::path& source, const std::filesystem::path& out) {
   if (std::filesystem::exists(out / "model.safetensors.index.json")) return out;
   std::filesystem::create_directories(out);
   for (const char* file : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
@@ -87,10 +92,8 @@ std::filesystem::path make_dense_variant(const std::filesystem::path& out) {
 }
 
 std::filesystem::path fixture_dir(const std::string& name) {
-  if (name == kDenseFixture)
-    return make_dense_variant(std::filesystem::temp_directory_path() /
-                              ("colibri-batch-" + std::to_string(::getpid())) / kDenseFixture);
-  return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / name;
+  if (name == kDenseFixture) return make_dense_variant(fixtures_root() / "qwen3moe-tiny", scratch_dir() / kDenseFixture);
+  return fixtures_root() / name;
 }
 
 std::vector<std::vector<std::int32_t>> prompts_of(const std::string& fixture) {
@@ -106,16 +109,13 @@ ActivationModes all(ActivationMode mode) { return {mode, mode, mode, mode, mode,
 
 class BatchDecoderTest : public ::testing::Test {
  protected:
-  static std::filesystem::path temp_dir() {
-    return std::filesystem::temp_directory_path() / ("colibri-batch-" + std::to_string(::getpid()));
-  }
-  static void TearDownTestSuite() { std::filesystem::remove_all(temp_dir()); }
+  static void TearDownTestSuite() { std::filesystem::remove_all(scratch_dir()); }
 
   static std::shared_ptr<const Model> load(const std::string& fixture, const std::string& scheme) {
     std::filesystem::path path = fixture_dir(fixture);
     if (scheme != "f32") {
-      std::filesystem::create_directories(temp_dir());
-      path = temp_dir() / (fixture + "-" + scheme + ".colibri");
+      std::filesystem::create_directories(scratch_dir());
+      path = scratch_dir() / (fixture + "-" + scheme + ".colibri");
       const Status status = colibri_test::convert_checkpoint(fixture_dir(fixture), path, scheme);
       EXPECT_TRUE(status.ok()) << status.error().message;
     }
