@@ -139,6 +139,10 @@ struct RequestResult {
   double prefill_cpu_seconds = 0;  // process CPU time of the prefill (all team members)
   double ttft_seconds = 0;
   std::vector<double> step_seconds;    // one per decode step
+  // Per decode step: times a team thread was preempted by another task
+  // during it (around it, strictly: the counters are read just outside the
+  // timed window).
+  std::vector<std::uint64_t> step_preemptions;
   std::vector<double> router_seconds;  // router matvec time in each decode step
   std::vector<std::array<double, 6>> phase_seconds;  // per decode step, see PhaseTimer
 };
@@ -305,7 +309,8 @@ int main(int argc, char** argv) {
   app.add_option("--step-times", step_times_path,
                  "Also write every timed decode step to this file, one line each: request, step, "
                  "milliseconds, then the step's phases in ms (qkv, attention, o, router, experts, "
-                 "lm_head), to see where a latency tail comes from");
+                 "lm_head), and how often a team thread was preempted during it, to see where a latency "
+                 "tail comes from");
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
@@ -472,11 +477,22 @@ int main(int argc, char** argv) {
     return sampler.sample(std::span<float>(pick_buffer.data(), logits.size()), {});
   };
 
+  // Involuntary context switches of all team threads: a step during which
+  // one rose lost a core to another task (a kernel thread, another process),
+  // and on a team every member then waits for the preempted one.
+  const std::vector<pid_t> team_tids = team.thread_ids();
+  auto team_preemptions = [&team_tids]() {
+    std::uint64_t total = 0;
+    for (pid_t tid : team_tids) total += colibri::benchtool::thread_involuntary_switches(tid).value_or(0);
+    return total;
+  };
+
   auto run_request = [&](bool timed) -> colibri::Result<RequestResult> {
     sampler.reseed(seed + request_index++);
     RequestResult r;
     r.step_seconds.reserve(static_cast<std::size_t>(gen_tokens));
     r.router_seconds.reserve(static_cast<std::size_t>(gen_tokens));
+    r.step_preemptions.reserve(static_cast<std::size_t>(gen_tokens));
     const std::vector<std::int32_t> prompt = next_prompt();
     session.reset();
     const double cpu_start = colibri::benchtool::process_cpu_seconds();
@@ -494,12 +510,14 @@ int main(int argc, char** argv) {
       router_timer.step_total = 0;
       const colibri::ExpertStoreTotals before = store ? store->totals() : colibri::ExpertStoreTotals{};
       phase_timer.step = {};
+      const std::uint64_t preemptions_before = team_preemptions();
       const auto step_start = Clock::now();
       phase_timer.last = step_start;
       auto step = session.decode(token);
       if (!step) return step.error();
       token = pick(*step);
       r.step_seconds.push_back(seconds_since(step_start));
+      r.step_preemptions.push_back(team_preemptions() - preemptions_before);
       if (store && timed) {
         add_store_delta(before, store->totals());
         ++decode_steps_timed;
@@ -531,6 +549,7 @@ int main(int argc, char** argv) {
       for (std::size_t s = 0; s < results[i].step_seconds.size(); ++s) {
         std::fprintf(out, "%zu %zu %.3f", i, s, results[i].step_seconds[s] * 1e3);
         for (double phase : results[i].phase_seconds[s]) std::fprintf(out, " %.3f", phase * 1e3);
+        std::fprintf(out, " %llu", static_cast<unsigned long long>(results[i].step_preemptions[s]));
         std::fputc('\n', out);
       }
     std::fclose(out);
@@ -564,6 +583,26 @@ int main(int argc, char** argv) {
     router_ms.push_back(median(r.router_seconds) * 1e3);
   }
   const double decode_rate = median(decode_rates);
+  // The same percentiles over the steps during which no team thread was
+  // preempted: the engine's own spread, apart from what other tasks on the
+  // cores add (the all-steps figures above remain the ones to quote).
+  std::uint64_t preempted_steps = 0, all_steps = 0;
+  std::vector<double> calm_p50s, calm_p95s, calm_p99s;
+  for (const RequestResult& r : results) {
+    std::vector<double> calm;
+    for (std::size_t s = 0; s < r.step_seconds.size(); ++s) {
+      ++all_steps;
+      if (r.step_preemptions[s] == 0)
+        calm.push_back(r.step_seconds[s]);
+      else
+        ++preempted_steps;
+    }
+    if (calm.empty()) continue;
+    calm_p50s.push_back(percentile(calm, 50) * 1e3);
+    calm_p95s.push_back(percentile(calm, 95) * 1e3);
+    calm_p99s.push_back(percentile(calm, 99) * 1e3);
+  }
+  const bool have_calm = !calm_p50s.empty();
   // Per phase: the median over every timed decode step of all requests.
   nlohmann::json phases = nlohmann::json::object();
   std::array<double, 6> phase_ms{};
@@ -742,6 +781,11 @@ int main(int argc, char** argv) {
       {"decode_tokens_per_s", decode_rate},
       {"ttft_ms", median(ttfts)},
       {"decode_latency_ms", {{"p50", median(p50s)}, {"p95", median(p95s)}, {"p99", median(p99s)}}},
+      {"decode_steps_preempted", preempted_steps},
+      {"decode_steps_timed", all_steps},
+      {"decode_latency_unpreempted_ms",
+       have_calm ? nlohmann::json{{"p50", median(calm_p50s)}, {"p95", median(calm_p95s)}, {"p99", median(calm_p99s)}}
+                 : nlohmann::json(nullptr)},
       {"router_ms_per_token",
        {{"matvec", router_matvec_ms},
         {"top_k", top_k_ms},
@@ -819,6 +863,13 @@ int main(int argc, char** argv) {
   line("time to first token", fmt::format("{:.1f} ms", median(ttfts)));
   line("decode latency", fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f})", median(p50s),
                                      median(p95s), median(p99s), median(p99s) / std::max(median(p50s), 1e-12)));
+  line("preempted steps", fmt::format("{} of {} (another task took a team thread's core during the step)",
+                                      preempted_steps, all_steps));
+  if (have_calm)
+    line("latency unpreempted",
+         fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}) over the other steps",
+                     median(calm_p50s), median(calm_p95s), median(calm_p99s),
+                     median(calm_p99s) / std::max(median(calm_p50s), 1e-12)));
   line("decode step phases", fmt::format("qkv {:.2f}, attention {:.2f}, o {:.2f}, router {:.2f}, experts {:.2f}, "
                                          "lm_head {:.2f} ms (medians)",
                                          phase_ms[0], phase_ms[1], phase_ms[2], phase_ms[3], phase_ms[4], phase_ms[5]));

@@ -48,6 +48,12 @@ for key in ["prefill_tokens_per_s", "decode_tokens_per_s", "ttft_ms", "peak_rss_
     need(isinstance(doc.get(key), (int, float)) and doc[key] > 0, key)
 lat = doc["decode_latency_ms"]
 need(0 < lat["p50"] <= lat["p95"] <= lat["p99"], "latency percentiles ordered")
+# 2 requests of 8 steps; the unpreempted percentiles cover the steps no other
+# task interrupted (null only when every step was preempted).
+need(doc["decode_steps_timed"] == 16 and 0 <= doc["decode_steps_preempted"] <= 16, "preempted step count")
+calm = doc["decode_latency_unpreempted_ms"]
+need((calm is None and doc["decode_steps_preempted"] == 16) or (calm is not None and 0 < calm["p50"] <= calm["p95"] <= calm["p99"]),
+     "unpreempted latency percentiles")
 need(doc["memory_bandwidth"]["best_GBps"] > 0, "bandwidth")
 # The team's CPU time over the timed window. On this tiny file the window is
 # about a millisecond, and CPU spent just outside it (between requests) lands

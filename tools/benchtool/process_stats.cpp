@@ -52,4 +52,13 @@ std::string thread_cpus_allowed(pid_t tid) {
   return status_field("/proc/self/task/" + std::to_string(tid) + "/status", "Cpus_allowed_list").value_or("");
 }
 
+std::optional<std::uint64_t> thread_involuntary_switches(pid_t tid) {
+  auto text = status_field("/proc/self/task/" + std::to_string(tid) + "/status", "nonvoluntary_ctxt_switches");
+  if (!text) return std::nullopt;
+  std::istringstream in(*text);
+  std::uint64_t switches = 0;
+  if (!(in >> switches)) return std::nullopt;
+  return switches;
+}
+
 }  // namespace colibri::benchtool

@@ -29,4 +29,9 @@ std::optional<std::uint64_t> current_rss_bytes();
 // unreadable.
 std::string thread_cpus_allowed(pid_t tid);
 
+// How often the kernel has taken the CPU from one thread of this process
+// (nonvoluntary_ctxt_switches: preempted by another task, not blocked);
+// nullopt when unreadable.
+std::optional<std::uint64_t> thread_involuntary_switches(pid_t tid);
+
 }  // namespace colibri::benchtool
