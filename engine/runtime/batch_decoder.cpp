@@ -688,8 +688,6 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
     }
   }
 
-  // Block b of slot s: its rank-b expert, or the shared expert at b = top_k.
-  auto out_of = [&](std::int32_t s, std::int32_t b) { return ffn_out_.data() + block_offset(s, b, hidden); };
   const bool shared = !layer.shared.gate.empty();
 
   // Experts run in waves: with a store, as many active experts as its slots
@@ -789,7 +787,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
         const std::int32_t s = pairs[j] / top_k, k = pairs[j] % top_k;
         xq[j] = down_input(s, k, f);
         x[j] = block_gate(s, k);
-        y[j] = out_of(s, k);
+        y[j] = block_down(s, k);
       }
       tasks_[static_cast<std::size_t>(count++)] = {&f.down, n, x, xq, y};
     }
@@ -800,7 +798,7 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
       for (std::int32_t s = 0; s < n_; ++s) {
         xq[s] = down_input(s, top_k, layer.shared);
         x[s] = block_gate(s, top_k);
-        y[s] = out_of(s, top_k);
+        y[s] = block_down(s, top_k);
       }
       tasks_[static_cast<std::size_t>(count++)] = {&layer.shared.down, n_, x, xq, y};
     }
@@ -816,12 +814,12 @@ void BatchDecoder::moe_ffn(std::int32_t l) {
     if (slots_[static_cast<std::size_t>(s)].failed) return;
     for (std::int32_t k = 0; k < top_k; ++k) {
       const float weight = chosen_weight_[at(s, top_k) + k];
-      const float* expert_out = out_of(s, k);
+      const float* expert_out = block_down(s, k);
       for (std::int32_t i = 0; i < hidden; ++i) out[i] += weight * expert_out[i];
     }
     if (shared) {
       const float gate = ref::sigmoid(shared_gate_[static_cast<std::size_t>(s)]);
-      const float* shared_out = out_of(s, top_k);
+      const float* shared_out = block_down(s, top_k);
       for (std::int32_t i = 0; i < hidden; ++i) out[i] += gate * shared_out[i];
     }
   });

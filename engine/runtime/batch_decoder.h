@@ -139,9 +139,14 @@ class BatchDecoder {
   // Quantizes every slot's xn for w, in the mode `mode` picks from the slot's
   // session, split across the team; the task loops then find it cached.
   void quantize_inputs(const Matrix& w, ActivationMode ActivationModes::*mode);
-  // FFN block b of slot s (blocks_ per slot): its gate and up outputs.
+  // FFN block b of slot s (blocks_ per slot: its rank-b expert, or the
+  // shared expert at b = top_k): its gate and up outputs, and its down
+  // output (hidden wide), which the weighted sum reads.
   float* block_gate(std::int32_t s, std::int32_t b) { return ffn_gate_.data() + block_offset(s, b, max_ff_); }
   float* block_up(std::int32_t s, std::int32_t b) { return ffn_up_.data() + block_offset(s, b, max_ff_); }
+  float* block_down(std::int32_t s, std::int32_t b) {
+    return ffn_out_.data() + block_offset(s, b, model_->config().hidden);
+  }
   // The block's down-projection input: SwiGLU in place of its gate, then
   // quantized (hidden_q_) when f.down takes int8 activations in the slot's mode.
   void activate(std::int32_t s, std::int32_t b, const FfnWeights& f);
