@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <fstream>
@@ -376,22 +377,27 @@ TEST_F(HttpServerTest, ClosingAStreamFreesItsSessionWithinASecond) {
   EXPECT_EQ(metric_value(metrics, "colibri_generations_total{reason=\"cancelled\"}"), std::max(0.0, cancelled_before) + 1);
 }
 
-TEST_F(HttpServerTest, ClosingDuringPrefillFreesItsSession) {
-  // A non-streaming request whose 4000-token prompt takes 2000 steps to
-  // prefill (210-230 ms on the development machine with nothing else
-  // running); the client gives up after 50 ms. Nothing was written to the
-  // socket, so only the connection probe can notice. (It gave up after 300 ms
-  // until session 9, and failed whenever the test ran alone on a quiet host.)
+// A non-streaming request for one token after a 4000-token prompt (2000
+// prefill steps, 210-230 ms on the development machine with nothing else
+// running), from a client that gives up 50 ms in. True when it gave up
+// without an answer. Nothing was written to the socket by then, so only the
+// server's connection probe can notice. (Until session 9 it gave up after
+// 300 ms, and the test failed whenever it ran alone on a quiet host.)
+bool gives_up_during_prefill(int port, std::int32_t salt) {
   std::vector<std::int32_t> prompt(4000);
-  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(i * 7 % 500);
-  const double cancelled_before =
-      metric_value(http_get(port(), "/metrics").body, "colibri_generations_total{reason=\"cancelled\"}");
-  auto client = make_client(port(), 1);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>((i * 7 + salt) % 500);
+  auto client = make_client(port, 1);
   client.set_read_timeout(0, 50000);
   auto res = client.Post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 1}, {"ignore_eos", true}}.dump(),
                          "application/json");
-  EXPECT_FALSE(res) << "the request finished before the client gave up; make the prompt longer";
   client.stop();
+  return !res;
+}
+
+TEST_F(HttpServerTest, ClosingDuringPrefillFreesItsSession) {
+  const double cancelled_before =
+      metric_value(http_get(port(), "/metrics").body, "colibri_generations_total{reason=\"cancelled\"}");
+  EXPECT_TRUE(gives_up_during_prefill(port(), 0)) << "the request finished before the client gave up; make the prompt longer";
   EXPECT_LT(seconds_until_idle(port(), 10), 1.0);
   const std::string metrics = http_get(port(), "/metrics").body;
   EXPECT_EQ(metric_value(metrics, "colibri_generations_total{reason=\"cancelled\"}"), std::max(0.0, cancelled_before) + 1);
@@ -408,7 +414,7 @@ TEST_F(HttpServerTest, DisconnectStormLeavesTheStayingClientsExactAndFreesEveryS
   const std::string cancelled = "colibri_generations_total{reason=\"cancelled\"}";
   const double cancelled_before = std::max(0.0, metric_value(http_get(port(), "/metrics").body, cancelled));
   constexpr int kStreams = 12;   // even ones leave after 1-4 events, odd ones stay
-  // Give up 50 ms into a 4000-token prompt, as ClosingDuringPrefillFreesItsSession.
+  // Give up 50 ms into a 4000-token prompt (gives_up_during_prefill).
   constexpr int kPrefills = 2;
   constexpr int kStayTokens = 16;
   std::vector<std::vector<std::int32_t>> prompts(kStreams);
@@ -419,7 +425,7 @@ TEST_F(HttpServerTest, DisconnectStormLeavesTheStayingClientsExactAndFreesEveryS
   }
   std::vector<SseResult> results(kStreams);
   std::vector<std::vector<std::int32_t>> got(kStreams);
-  std::vector<bool> prefill_gave_up(kPrefills, false);
+  std::array<bool, kPrefills> prefill_gave_up{};  // one byte each: written by two threads at once
   std::vector<std::thread> clients;
   for (int i = 0; i < kStreams; ++i)
     clients.emplace_back([&, i] {
@@ -436,16 +442,7 @@ TEST_F(HttpServerTest, DisconnectStormLeavesTheStayingClientsExactAndFreesEveryS
       });
     });
   for (int p = 0; p < kPrefills; ++p)
-    clients.emplace_back([&, p] {
-      std::vector<std::int32_t> prompt(4000);
-      for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>((i * 13 + p) % 500);
-      auto client = make_client(port(), 1);
-      client.set_read_timeout(0, 50000);
-      auto res = client.Post("/v1/completions",
-                             json{{"prompt", prompt}, {"max_tokens", 1}, {"ignore_eos", true}}.dump(), "application/json");
-      prefill_gave_up[p] = !res;
-      client.stop();
-    });
+    clients.emplace_back([&, p] { prefill_gave_up[p] = gives_up_during_prefill(port(), 1 + p); });
   for (auto& client : clients) client.join();
 
   for (int i = 0; i < kStreams; ++i) {
