@@ -28,10 +28,14 @@
 #include <thread>
 #include <vector>
 
+#include "benchtool/stats.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+using colibri::benchtool::median;
+using colibri::benchtool::percentile;
 
 struct Options {
   std::string url = "http://127.0.0.1:8080";
@@ -54,13 +58,6 @@ struct RequestStats {
   int tokens = 0;
   double decode_s = 0;  // first token to last token
 };
-
-double percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const auto index = static_cast<std::size_t>(p / 100.0 * static_cast<double>(values.size() - 1) + 0.5);
-  return values[std::min(index, values.size() - 1)];
-}
 
 class Runner {
  public:
@@ -265,10 +262,7 @@ int main(int argc, char** argv) {
     report["speedup_vs_single_stream"] = single > 0 ? aggregate / single : 0.0;
     std::vector<double> ratios;
     for (const json& round : rounds) ratios.push_back(round.value("speedup_vs_single_stream", 0.0));
-    std::sort(ratios.begin(), ratios.end());
-    const std::size_t middle = ratios.size() / 2;
-    report["speedup_median_of_rounds"] =
-        ratios.size() % 2 == 1 ? ratios[middle] : (ratios[middle - 1] + ratios[middle]) / 2.0;
+    report["speedup_median_of_rounds"] = median(ratios);
   }
   report["rounds"] = rounds;
   for (const RequestStats& s : concurrent_all)
