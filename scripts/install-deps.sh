@@ -9,7 +9,7 @@ packages=(
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev
   libspdlog-dev libfmt-dev libcpp-httplib-dev
   python3
-  # clang's libFuzzer (tests/scripts/fuzz_colibri_parser.sh); libclang-rt-dev pulls
+  # clang's libFuzzer (tests/fuzz/run_fuzzer.sh); libclang-rt-dev pulls
   # the runtime matching the default clang (libclang-rt-14-dev on Debian 12).
   clang libclang-rt-dev
   # The aarch64 kernels cross-compiled and run under emulation (tests/scripts/neon_qemu.sh).

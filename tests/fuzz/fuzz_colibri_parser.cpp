@@ -7,7 +7,7 @@
 // every tensor and block is walked through the spans the parser handed out,
 // so a bounds mistake in the parser shows up as an AddressSanitizer report.
 //
-// Built by tests/scripts/fuzz_colibri_parser.sh with clang++ (-fsanitize=fuzzer,
+// Built by tests/scripts/fuzz_colibri_parser.sh (tests/fuzz/run_fuzzer.sh) with clang++ (-fsanitize=fuzzer,
 // address,undefined), or by CMake when the compiler itself supports libFuzzer.
 #include <xxhash.h>
 
