@@ -50,7 +50,7 @@ build_with_clang() {
   done
   ((stale)) || return 0
   local flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-               -Wall -Wextra -Wpedantic -I"$root/engine")
+               -Wall -Wextra -Wpedantic -I"$root/engine" -I"$root/server")
   local dep_cflags dep_libs
   read -r -a dep_cflags <<< "$(pkg-config --cflags libxxhash fmt nlohmann_json 2>/dev/null || true)"
   read -r -a dep_libs <<< "$(pkg-config --libs libxxhash fmt 2>/dev/null || echo -lxxhash -lfmt)"
