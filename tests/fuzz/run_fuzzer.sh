@@ -52,8 +52,8 @@ build_with_clang() {
   local flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
                -Wall -Wextra -Wpedantic -I"$root/engine" -I"$root/server")
   local dep_cflags dep_libs
-  read -r -a dep_cflags <<< "$(pkg-config --cflags libxxhash fmt nlohmann_json 2>/dev/null || true)"
-  read -r -a dep_libs <<< "$(pkg-config --libs libxxhash fmt 2>/dev/null || echo -lxxhash -lfmt)"
+  read -r -a dep_cflags <<< "$(pkg-config --cflags libxxhash fmt nlohmann_json libpcre2-8 2>/dev/null || true)"
+  read -r -a dep_libs <<< "$(pkg-config --libs libxxhash fmt libpcre2-8 2>/dev/null || echo -lxxhash -lfmt -lpcre2-8)"
   # One compiler per source, two at a time (the CI box has two cores).
   local pids=() src obj status=0 pid
   for src in "${sources[@]}"; do
