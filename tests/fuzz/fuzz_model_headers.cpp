@@ -1,6 +1,7 @@
-// libFuzzer target for the two checkpoint readers a conversion starts from:
-// GGUF (engine/format/gguf.cpp) and safetensors (engine/format/safetensors.cpp).
-// Every input goes to both. A refusal must say why. When an image parses, every
+// libFuzzer target for the checkpoint readers a conversion starts from: GGUF
+// (engine/format/gguf.cpp), safetensors (engine/format/safetensors.cpp) and a
+// Hugging Face config.json (engine/model/model_config.cpp). Every input goes to
+// all three. A refusal must say why. When an image parses, every
 // metadata value is read back through each typed accessor, and every tensor's
 // bytes are touched at both ends. The first block of each tensor is converted
 // to f32 where the reader supports its type. So a bounds or size promise the
@@ -12,11 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
+#include "model/model_config.h"
 
 namespace {
 
@@ -58,6 +61,15 @@ void walk_gguf(const colibri::Gguf& gguf) {
   }
 }
 
+// What a parsed config promises the loader: every size inside the checked
+// ranges, one MoE flag per layer, and top_k within the experts.
+void check_config(const colibri::ModelConfig& c) {
+  if (c.arch == nullptr || c.hidden <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.head_dim <= 0 || c.vocab <= 0 || c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts ||
+      c.expert_ff <= 0 || c.layer_is_moe.size() != static_cast<std::size_t>(c.n_layers))
+    __builtin_trap();
+}
+
 void walk_safetensors(const std::vector<colibri::SafetensorsTensor>& tensors) {
   for (const colibri::SafetensorsTensor& t : tensors) {
     // The parser promises each tensor exactly its elements' bytes.
@@ -80,6 +92,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (tensors.ok())
     walk_safetensors(*tensors);
   else if (tensors.error().message.empty())
+    __builtin_trap();
+  auto config = colibri::parse_hf_config(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "fuzz");
+  if (config.ok())
+    check_config(*config);
+  else if (config.error().message.empty())
     __builtin_trap();
   return 0;
 }

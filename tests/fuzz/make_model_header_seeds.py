@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of fuzz_model_headers (tests/fuzz/corpus/model_headers):
+"""Writes the seed corpus of fuzz_model_headers (tests/fuzz/corpus/model_headers;
+the fixtures' config.json files there are plain copies):
 small, valid GGUF and safetensors images that reach every part of the readers
 (each GGUF value type, tensors of several ggml types, alignment; several
 safetensors dtypes, metadata, an empty tensor), and the metadata of a real

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Fuzzes the GGUF and safetensors readers (every input goes to both) for a
-# bounded time from tests/fuzz/corpus/model_headers: see tests/fuzz/run_fuzzer.sh
-# and tests/fuzz/fuzz_model_headers.cpp.
+# Fuzzes the GGUF, safetensors and config.json readers (every input goes to all
+# three) for a bounded time from tests/fuzz/corpus/model_headers: see
+# tests/fuzz/run_fuzzer.sh and tests/fuzz/fuzz_model_headers.cpp.
 set -euo pipefail
 exec bash "$(dirname "$0")/../fuzz/run_fuzzer.sh" "$1" fuzz_model_headers model_headers \
   tests/fuzz/fuzz_model_headers.cpp engine/format/gguf.cpp engine/format/safetensors.cpp \
-  engine/core/dtype.cpp engine/core/mapped_file.cpp engine/core/arena.cpp
+  engine/core/dtype.cpp engine/core/mapped_file.cpp engine/core/arena.cpp engine/model/model_config.cpp \
+  engine/arch/arch_spec.cpp
