@@ -863,8 +863,14 @@ int main(int argc, char** argv) {
   line("time to first token", fmt::format("{:.1f} ms", median(ttfts)));
   line("decode latency", fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f})", median(p50s),
                                      median(p95s), median(p99s), median(p99s) / std::max(median(p50s), 1e-12)));
-  line("preempted steps", fmt::format("{} of {} (another task took a team thread's core during the step)",
-                                      preempted_steps, all_steps));
+  // A tenth or more: the latency tail says more about the machine than the
+  // engine, and the deployment notes say how to give the team its cores.
+  const bool often_preempted = all_steps > 0 && preempted_steps * 10 >= all_steps;
+  line("preempted steps", fmt::format("{} of {} (another task took a team thread's core during the step){}",
+                                      preempted_steps, all_steps,
+                                      often_preempted ? "; to keep other work off the team's cores see "
+                                                        "docs/DEPLOY.md, \"Steady token latency\""
+                                                      : ""));
   if (have_calm)
     line("latency unpreempted",
          fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}) over the other steps",
