@@ -6,10 +6,10 @@
 //
 // Invalid UTF-8 must be refused with a message. Valid text must encode, with
 // special-token parsing on and off. With it off, the ids must decode back to
-// the same bytes, as the tokenizer tests' random round trips check (none of
-// these tokenizers normalizes; Llama 2 maps a literal U+2581 to a space, so
-// that text is not compared). Streaming the ids one at a time must give what
-// decode gives.
+// the same bytes, as the tokenizer tests' random round trips check. None of
+// these tokenizers applies Unicode normalization (NFC); Llama 2 maps a literal
+// U+2581 to a space, so text holding one is not compared there. Streaming the
+// ids one at a time must give what decode gives.
 //
 // Built by tests/scripts/fuzz_tokenizer.sh (tests/fuzz/run_fuzzer.sh) with
 // clang++, or by CMake when the compiler itself supports libFuzzer.
