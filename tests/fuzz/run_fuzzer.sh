@@ -49,15 +49,17 @@ build_with_clang() {
     [[ $f -nt $bin ]] && stale=1
   done
   ((stale)) || return 0
-  local flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+  local flags=(-std=c++20 -O1 -g -fdebug-prefix-map="$root"=. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
                -Wall -Wextra -Wpedantic -I"$root/engine" -I"$root/server")
   local dep_cflags dep_libs
   read -r -a dep_cflags <<< "$(pkg-config --cflags libxxhash fmt nlohmann_json libpcre2-8 2>/dev/null || true)"
   read -r -a dep_libs <<< "$(pkg-config --libs libxxhash fmt libpcre2-8 2>/dev/null || echo -lxxhash -lfmt -lpcre2-8)"
   # Through ccache when there is one, as the project's own build: the
   # sanitized objects are rebuilt whenever a header changes, mostly unchanged.
+  # Paths are made relative to the checkout (base dir, debug prefix map, no
+  # working-directory hash), so another clone on the same machine hits too.
   local launcher=()
-  command -v ccache >/dev/null 2>&1 && launcher=(ccache)
+  command -v ccache >/dev/null 2>&1 && launcher=(env CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true ccache)
   # One compiler per source, two at a time (the CI box has two cores).
   local pids=() src obj status=0 pid
   for src in "${sources[@]}"; do
