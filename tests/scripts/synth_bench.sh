@@ -13,7 +13,8 @@ inspect=$build_dir/tools/colibri-inspect
 bench=$build_dir/tools/colibri-bench
 run=$build_dir/tools/colibri-run
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+busy=""  # the busy loop below, killed however the script ends
+trap 'rm -rf "$work"; [[ -z $busy ]] || kill "$busy" 2>/dev/null || true' EXIT
 fail() { echo "FAIL synth_bench: $*" >&2; exit 1; }
 
 "$synth" olmoe-test-tiny --quant int8 --seed 7 --out "$work/a.colibri" --no-progress > /dev/null 2> "$work/log" ||
@@ -96,8 +97,9 @@ taskset -c "$core" bash -c 'while :; do :; done' &
 busy=$!
 "$bench" --model "$work/a.colibri" --threads 1 --cores "$core" --prompt-tokens 8 --gen-tokens 1000 --requests 3 --warmup 0 \
   --bandwidth-mib 64 --bandwidth-passes 1 --json > "$work/contended.json" 2> "$work/contended.err" ||
-  { kill $busy; cat "$work/contended.err"; fail "colibri-bench beside a busy loop failed"; }
-kill $busy
+  { cat "$work/contended.err"; fail "colibri-bench beside a busy loop failed"; }
+kill "$busy"
+busy=""
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["decode_steps_timed"] == 3000 and d["decode_steps_preempted"] > 0 else 1)' \
   "$work/contended.json" || { head -c 2000 "$work/contended.json"; fail "no preempted step counted beside a busy loop on the same core"; }
 
