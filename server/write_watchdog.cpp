@@ -43,11 +43,6 @@ bool WriteWatchdog::Armed::expired() const {
   return fired_;
 }
 
-std::uint64_t WriteWatchdog::expired_count() const {
-  std::lock_guard lock(mutex_);
-  return expired_;
-}
-
 void WriteWatchdog::run() {
   std::unique_lock lock(mutex_);
   while (!stop_) {
@@ -56,7 +51,6 @@ void WriteWatchdog::run() {
     for (Armed* armed = head_; armed != nullptr; armed = armed->next_) {
       if (armed->fired_ || now < armed->deadline_) continue;
       armed->fired_ = true;
-      ++expired_;
       // Called with the mutex held, so the record (and what cancel_ refers
       // to) outlives the call: its owner's destructor waits for the mutex.
       armed->cancel_();

@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -51,9 +50,6 @@ class WriteWatchdog {
     Armed* next_ = nullptr;
   };
 
-  // Writes whose deadline passed, since start.
-  std::uint64_t expired_count() const;
-
  private:
   void run();
 
@@ -61,7 +57,6 @@ class WriteWatchdog {
   std::condition_variable wake_;
   Armed* head_ = nullptr;
   bool stop_ = false;
-  std::uint64_t expired_ = 0;
   std::thread thread_;
 };
 
