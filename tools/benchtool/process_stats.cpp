@@ -21,13 +21,20 @@ std::optional<std::string> status_field(const std::string& path, std::string_vie
   return std::nullopt;
 }
 
-std::optional<std::uint64_t> kib_field(std::string_view key) {
-  auto text = status_field("/proc/self/status", key);
+// The leading number of a status field ("1234 kB" -> 1234).
+std::optional<std::uint64_t> number_field(const std::string& path, std::string_view key) {
+  auto text = status_field(path, key);
   if (!text) return std::nullopt;
   std::istringstream in(*text);
-  std::uint64_t kib = 0;
-  if (!(in >> kib)) return std::nullopt;
-  return kib * 1024;
+  std::uint64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+std::optional<std::uint64_t> kib_field(std::string_view key) {
+  auto kib = number_field("/proc/self/status", key);
+  if (!kib) return std::nullopt;
+  return *kib * 1024;
 }
 
 }  // namespace
@@ -53,12 +60,7 @@ std::string thread_cpus_allowed(pid_t tid) {
 }
 
 std::optional<std::uint64_t> thread_involuntary_switches(pid_t tid) {
-  auto text = status_field("/proc/self/task/" + std::to_string(tid) + "/status", "nonvoluntary_ctxt_switches");
-  if (!text) return std::nullopt;
-  std::istringstream in(*text);
-  std::uint64_t switches = 0;
-  if (!(in >> switches)) return std::nullopt;
-  return switches;
+  return number_field("/proc/self/task/" + std::to_string(tid) + "/status", "nonvoluntary_ctxt_switches");
 }
 
 }  // namespace colibri::benchtool
