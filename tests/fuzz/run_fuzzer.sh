@@ -32,7 +32,7 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL $target: $*" >&2; exit 1; }
 
 # Compiles the target with clang++ into $bin unless it is newer than its
-# sources and every engine header they could include.
+# sources and every engine and server header they could include.
 build_with_clang() {
   local cxx=${COLIBRI_FUZZ_CXX:-clang++}
   command -v "$cxx" >/dev/null 2>&1 ||
@@ -45,7 +45,9 @@ build_with_clang() {
 
   local stale=0 f
   [[ -x $bin ]] || stale=1
-  for f in "${sources[@]/#/$root/}" "$root"/engine/core/*.h "$root"/engine/format/*.h "$root"/engine/kernels/*.h "$0"; do
+  local headers
+  mapfile -t headers < <(find "$root/engine" "$root/server" -name '*.h')
+  for f in "${sources[@]/#/$root/}" "${headers[@]}" "$0"; do
     [[ $f -nt $bin ]] && stale=1
   done
   ((stale)) || return 0
