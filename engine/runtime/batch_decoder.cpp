@@ -390,14 +390,14 @@ void BatchDecoder::quantize_inputs(const Matrix& w, ActivationMode ActivationMod
 const kernels::ActivationQ8* BatchDecoder::down_input(std::int32_t s, std::int32_t b, const FfnWeights& f) {
   const ActivationMode mode = slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down;
   if (!is_quantized(f.down.format) || mode == ActivationMode::F32) return nullptr;
-  return &hidden_q_[static_cast<std::size_t>(s * blocks_ + b)];
+  return &block_down_q(s, b);
 }
 
 void BatchDecoder::activate(std::int32_t s, std::int32_t b, const FfnWeights& f) {
   float* h = block_gate(s, b);
   kernels::swiglu(h, block_up(s, b), f.gate.rows, h);
   if (down_input(s, b, f) != nullptr)
-    kernels::quantize_activation(h, f.gate.rows, f.down.group, hidden_q_[static_cast<std::size_t>(s * blocks_ + b)],
+    kernels::quantize_activation(h, f.gate.rows, f.down.group, block_down_q(s, b),
                                  slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down ==
                                      ActivationMode::Int8Residual);
 }

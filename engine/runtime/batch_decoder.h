@@ -147,6 +147,10 @@ class BatchDecoder {
   float* block_down(std::int32_t s, std::int32_t b) {
     return ffn_out_.data() + block_offset(s, b, model_->config().hidden);
   }
+  // Where the block's down-projection input is kept quantized (see activate).
+  kernels::ActivationQ8& block_down_q(std::int32_t s, std::int32_t b) {
+    return hidden_q_[static_cast<std::size_t>(s * blocks_ + b)];
+  }
   // The block's down-projection input: SwiGLU in place of its gate, then
   // quantized (hidden_q_) when f.down takes int8 activations in the slot's mode.
   void activate(std::int32_t s, std::int32_t b, const FfnWeights& f);
