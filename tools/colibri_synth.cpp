@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       "  colibri-synth olmoe-1b-7b --quant int8            # /tmp/colibri-synth/olmoe-1b-7b-int8.colibri\n"
       "  colibri-synth qwen3-30b-a3b --layers 4 --quant int4 --out /tmp/q3.colibri\n"};
   std::string shape_name, quant = "int8", out;
-  std::int32_t layers = 0;
+  std::int32_t layers = 0, group4 = 0;
   std::uint64_t seed = 1;
   colibri::synth::SynthScales scales;
   bool no_progress = false;
@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
   app.add_option("-q,--quant", quant,
                  "int8 (the q8 scheme colibri-convert writes), int4, int4-all, f16, bf16 or f32")
       ->capture_default_str();
+  app.add_option("--group4", group4,
+                 "int4, int4-all: values per scale and minimum along a row, as colibri-convert's --group4 "
+                 "(default: the scheme's, 32)")
+      ->check(CLI::Range(8, 4096));
   app.add_option("--seed", seed, "Seed of the weights; the same seed gives the same file")->capture_default_str();
   app.add_option("--std", scales.weight_std, "Standard deviation of the matrix weights")
       ->capture_default_str()
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
   if (shape == nullptr) return fail("unknown shape '" + shape_name + "' (see --help for the list)");
   auto scheme = colibri::quant_scheme(quant);
   if (!scheme) return fail(scheme.error().message);
+  if (group4 > 0) scheme->q4_group = group4;
   auto config_json = colibri::synth::shape_config_json(*shape, layers);
   if (!config_json) return fail(config_json.error().message);
   auto config = colibri::parse_hf_config(*config_json, std::string(shape->name));
