@@ -333,7 +333,7 @@ float** BatchDecoder::take_y(std::int32_t n) {
 
 const kernels::ActivationQ8* BatchDecoder::quantized_xn(std::int32_t s, const Matrix& w, ActivationMode mode) {
   if (!is_quantized(w.format) || mode == ActivationMode::F32) return nullptr;
-  const bool residual = mode == ActivationMode::Int8Residual;
+  const bool residual = takes_residual_plane(mode, w.format);
   kernels::ActivationQ8* cache = xn_q_.data() + at(s, 3);
   std::int32_t& valid = xn_q_valid_[static_cast<std::size_t>(s)];
   for (std::int32_t i = 0; i < valid; ++i)
@@ -397,9 +397,9 @@ void BatchDecoder::activate(std::int32_t s, std::int32_t b, const FfnWeights& f)
   float* h = block_gate(s, b);
   kernels::swiglu(h, block_up(s, b), f.gate.rows, h);
   if (down_input(s, b, f) != nullptr)
-    kernels::quantize_activation(h, f.gate.rows, f.down.group, block_down_q(s, b),
-                                 slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down ==
-                                     ActivationMode::Int8Residual);
+    kernels::quantize_activation(
+        h, f.gate.rows, f.down.group, block_down_q(s, b),
+        takes_residual_plane(slots_[static_cast<std::size_t>(s)].session->modes_.ffn_down, f.down.format));
 }
 
 void BatchDecoder::forward() {
@@ -559,7 +559,7 @@ void BatchDecoder::attention(std::int32_t l) {
     oxq[s] = nullptr;
     if (is_quantized(layer.o.format) && mode != ActivationMode::F32) {
       kernels::ActivationQ8& aq = attn_q_[static_cast<std::size_t>(s)];
-      kernels::quantize_activation(attn, q_dim, layer.o.group, aq, mode == ActivationMode::Int8Residual);
+      kernels::quantize_activation(attn, q_dim, layer.o.group, aq, takes_residual_plane(mode, layer.o.format));
       oxq[s] = &aq;
     }
     oy[s] = row(block_out_, s, hidden);

@@ -24,7 +24,17 @@ enum class ActivationMode : std::uint8_t {
   F32,           // weights widened to f32 in registers: the reference arithmetic, slowest
   Int8,          // one int8 plane per group: fastest, error up to half a step of max|x| / 127
   Int8Residual,  // two int8 planes: within ~1/250 of that error, about 1.5x Int8's arithmetic
+                 // (one plane on 4-bit weights: see takes_residual_plane)
 };
+
+// A 4-bit weight's own rounding error is about 16 times an int8 activation's,
+// so a residual plane buys nothing there that can be measured (fixtures, int4
+// experts: mean KL 2.518e-2 with two planes, 2.550e-2 with one) and doubles
+// the 4-bit kernels' arithmetic, which made int4 decode compute-bound on two
+// cores. Int8Residual therefore means two planes on 8-bit weights, one on 4-bit.
+inline bool takes_residual_plane(ActivationMode mode, WeightFormat format) {
+  return mode == ActivationMode::Int8Residual && format != WeightFormat::Q4 && format != WeightFormat::Q4R16;
+}
 
 // Per kind of product. Weights in F32/F16/BF16 always take f32 activations.
 struct ActivationModes {
