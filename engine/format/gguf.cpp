@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "core/dtype.h"
+#include "format/ggml_blocks.h"
 
 namespace colibri {
 namespace {
@@ -523,16 +524,6 @@ Result<std::vector<float>> Gguf::get_float_array(std::string_view key) const {
   return out;
 }
 
-void dequantize_q8_0(const std::uint8_t* src, std::size_t count, float* dst) {
-  constexpr std::size_t kBlock = 32, kBytes = 34;
-  for (std::size_t b = 0; b < count / kBlock; ++b) {
-    const std::uint8_t* block = src + b * kBytes;
-    float d = f16_to_f32(load_le<std::uint16_t>(block));
-    for (std::size_t j = 0; j < kBlock; ++j)
-      dst[b * kBlock + j] = d * static_cast<float>(static_cast<std::int8_t>(block[2 + j]));
-  }
-}
-
 Status Gguf::read_f32(const GgufTensorInfo& tensor, std::uint64_t first, std::span<float> out) const {
   const GgmlTypeInfo* info = ggml_type_info(tensor.type);
   std::uint64_t count = out.size();
@@ -547,9 +538,11 @@ Status Gguf::read_f32(const GgufTensorInfo& tensor, std::uint64_t first, std::sp
     case GgmlType::F32: convert_to_f32(DType::F32, src, count, out.data()); break;
     case GgmlType::F16: convert_to_f32(DType::F16, src, count, out.data()); break;
     case GgmlType::BF16: convert_to_f32(DType::BF16, src, count, out.data()); break;
-    case GgmlType::Q8_0: dequantize_q8_0(src, count, out.data()); break;
     default:
-      return make_error("{}: unsupported tensor type {} in tensor {}", source_, info->name, tensor.name);
+      if (!dequantize_ggml_blocks(static_cast<GgmlType>(tensor.type), src, count, out.data()))
+        return make_error("{}: unsupported tensor type {} in tensor {} (colibri-convert reads F32, F16, BF16, "
+                          "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K)",
+                          source_, info->name, tensor.name);
   }
   return Status::Ok();
 }

@@ -21,6 +21,7 @@
 
 #include "core/mapped_file.h"
 #include "core/result.h"
+#include "format/ggml_blocks.h"  // dequantize_q8_0, used beside this reader
 
 namespace colibri {
 
@@ -108,8 +109,9 @@ class Gguf {
   const GgufTensorInfo* find_tensor(std::string_view name) const;
 
   // Converts `out.size()` elements of `tensor`, starting at element `first`,
-  // to f32. Supported: F32, F16, BF16 and Q8_0; `first` and the count must be
-  // whole blocks. Anything else is "unsupported tensor type Q4_K in tensor X".
+  // to f32. Supported: F32, F16, BF16 and the block types of
+  // dequantize_ggml_blocks (format/ggml_blocks.h); `first` and the count must
+  // be whole blocks. Anything else is "unsupported tensor type IQ2_XXS in tensor X ...".
   Status read_f32(const GgufTensorInfo& tensor, std::uint64_t first, std::span<float> out) const;
 
  private:
@@ -140,9 +142,5 @@ class GgufFile {
   MappedFile file_;  // the mapping does not move when the GgufFile does
   Gguf gguf_;
 };
-
-// Dequantizes `count` values of ggml Q8_0 (blocks of an f16 scale and 32
-// int8) — exposed for tests. `count` must be a multiple of 32.
-void dequantize_q8_0(const std::uint8_t* src, std::size_t count, float* dst);
 
 }  // namespace colibri

@@ -72,7 +72,7 @@ class Model {
  public:
   // Loads a model from
   //  - a .colibri file (mapped in place, weights used as stored),
-  //  - a GGUF file (F32/F16/BF16/Q8_0 tensors, converted to f32 in memory),
+  //  - a GGUF file (F32/F16/BF16, Q8_0, Q4_0..Q5_1 and Q2_K..Q6_K tensors, converted to f32 in memory),
   //  - a Hugging Face directory: config.json, safetensors (single or sharded),
   //    tokenizer.json and tokenizer_config.json (converted to f32 in memory).
   static Result<std::shared_ptr<const Model>> load(const std::filesystem::path& path,

@@ -28,6 +28,7 @@ using testing_gguf::GgufBuilder;
 constexpr std::uint32_t kF32 = static_cast<std::uint32_t>(GgmlType::F32);
 constexpr std::uint32_t kQ8_0 = static_cast<std::uint32_t>(GgmlType::Q8_0);
 constexpr std::uint32_t kQ4_K = static_cast<std::uint32_t>(GgmlType::Q4_K);
+constexpr std::uint32_t kIQ2_XXS = 16;
 
 std::filesystem::path fixture_dir(const std::string& name) {
   return std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / name;
@@ -315,19 +316,47 @@ TEST(Gguf, F16AndBF16Read) {
   EXPECT_EQ(out, (std::vector<float>{1.0f, 0.5f}));
 }
 
-TEST(Gguf, ReadingQ4_KIsAClearError) {
+// IQ2_XXS (type 16: 256 values in 66 bytes) parses but is not decoded.
+TEST(Gguf, ReadingIQ2_XXSIsAClearError) {
   GgufBuilder b;
-  b.add_tensor("blk.0.ffn_down_exps.weight", {256, 2}, kQ4_K, std::vector<std::uint8_t>(2 * 144, 0));
+  b.add_tensor("blk.0.ffn_down_exps.weight", {256, 2}, kIQ2_XXS, std::vector<std::uint8_t>(2 * 66, 0));
   auto bytes = b.build();
-  auto g = parse_gguf(bytes, "q4k.gguf");
+  auto g = parse_gguf(bytes, "iq2.gguf");
   ASSERT_TRUE(g.ok()) << g.error().message;  // parses: the layout is known
-  EXPECT_EQ(g->tensors()[0].bytes.size(), 288u);
+  EXPECT_EQ(g->tensors()[0].bytes.size(), 132u);
   std::vector<float> out(512);
   auto status = g->read_f32(g->tensors()[0], 0, out);
   ASSERT_FALSE(status.ok());
-  EXPECT_NE(status.error().message.find("unsupported tensor type Q4_K in tensor blk.0.ffn_down_exps.weight"),
+  EXPECT_NE(status.error().message.find("unsupported tensor type IQ2_XXS in tensor blk.0.ffn_down_exps.weight"),
             std::string::npos)
       << status.error().message;
+}
+
+// A K-quant tensor reads through the same path as Q8_0: block by block from `first`.
+TEST(Gguf, Q4_KTensorReadsBlockByBlock) {
+  std::vector<std::uint8_t> blocks(2 * 144, 0);
+  blocks[1] = 0x3c;  // block 0: d = 1 (f16 0x3c00), dmin 0
+  blocks[4] = 3;     // block 0: sub-block 0 scale 3
+  blocks[16] = 0x05; // value 0: code 5
+  blocks[144 + 1] = 0x40;  // block 1: d = 2 (f16 0x4000)
+  blocks[144 + 3] = 0x3c;  // block 1: dmin = 1
+  blocks[144 + 4] = 1;     // block 1: sub-block 0 scale 1
+  blocks[144 + 8] = 2;     // block 1: sub-block 0 min 2
+  GgufBuilder b;
+  b.add_tensor("w", {256, 2}, kQ4_K, blocks);
+  auto bytes = b.build();
+  auto g = parse_gguf(bytes, "q4k.gguf");
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  std::vector<float> out(512);
+  ASSERT_TRUE(g->read_f32(g->tensors()[0], 0, out).ok());
+  EXPECT_EQ(out[0], 15.0f);   // 1 * 3 * 5
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[256], -2.0f);  // 2 * 1 * 0 - 1 * 2
+  std::vector<float> second(256);
+  ASSERT_TRUE(g->read_f32(g->tensors()[0], 256, second).ok());
+  EXPECT_EQ(second[0], -2.0f);
+  std::vector<float> ragged(100);
+  EXPECT_FALSE(g->read_f32(g->tensors()[0], 0, ragged).ok());  // not whole blocks
 }
 
 TEST(Gguf, BlockSizesOfCommonTypes) {

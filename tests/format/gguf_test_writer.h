@@ -3,6 +3,7 @@
 // Header-only so tests in any folder can include it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -77,6 +78,30 @@ inline std::vector<std::uint8_t> quantize_q8_0(const float* x, std::size_t count
     out.push_back(static_cast<std::uint8_t>(dh >> 8));
     for (int j = 0; j < 32; ++j)
       out.push_back(static_cast<std::uint8_t>(static_cast<std::int8_t>(std::roundf(block[j] * id))));
+  }
+  return out;
+}
+
+// ggml quantize_row_q4_1_ref: per block of 32, d = (max - min) / 15 and m =
+// min (both stored as f16), code = min(15, (int)((x - min) * (1/d) + 0.5))
+// with 1/d from the f32 d; low nibbles hold values 0..15, high ones 16..31.
+inline std::vector<std::uint8_t> quantize_q4_1(const float* x, std::size_t count) {
+  std::vector<std::uint8_t> out;
+  out.reserve(count / 32 * 20);
+  for (std::size_t b = 0; b < count / 32; ++b) {
+    const float* block = x + b * 32;
+    const auto [lo, hi] = std::minmax_element(block, block + 32);
+    const float min = *lo, d = (*hi - *lo) / 15.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (std::uint16_t h : {f32_to_f16(d), f32_to_f16(min)}) {
+      out.push_back(static_cast<std::uint8_t>(h & 0xff));
+      out.push_back(static_cast<std::uint8_t>(h >> 8));
+    }
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(15, static_cast<int>((block[j] - min) * id + 0.5f));
+      const int q1 = std::min(15, static_cast<int>((block[j + 16] - min) * id + 0.5f));
+      out.push_back(static_cast<std::uint8_t>(q0 | (q1 << 4)));
+    }
   }
   return out;
 }
@@ -195,9 +220,9 @@ inline void encode_value(const GgufValue& v, Bytes& out) {
 }
 
 // Copies a parsed GGUF, converting the tensors `quantize(name)` selects from
-// f32 to Q8_0. Everything else (metadata, other tensors) is kept as is.
+// f32 to `target` (Q8_0 or Q4_1). Everything else (metadata, other tensors) is kept as is.
 template <typename Pred>
-std::vector<std::uint8_t> requantize(const Gguf& in, Pred quantize) {
+std::vector<std::uint8_t> requantize(const Gguf& in, Pred quantize, GgmlType target = GgmlType::Q8_0) {
   GgufBuilder b;
   b.version = in.version();
   b.alignment = in.alignment();
@@ -210,8 +235,9 @@ std::vector<std::uint8_t> requantize(const Gguf& in, Pred quantize) {
     if (quantize(t) && t.type == static_cast<std::uint32_t>(GgmlType::F32) && t.ne[0] % 32 == 0) {
       std::vector<float> values(t.element_count);
       std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
-      b.add_tensor(t.name, dims, static_cast<std::uint32_t>(GgmlType::Q8_0),
-                   quantize_q8_0(values.data(), values.size()));
+      b.add_tensor(t.name, dims, static_cast<std::uint32_t>(target),
+                   target == GgmlType::Q4_1 ? quantize_q4_1(values.data(), values.size())
+                                            : quantize_q8_0(values.data(), values.size()));
     } else {
       b.add_tensor(t.name, dims, t.type, std::vector<std::uint8_t>(t.bytes.begin(), t.bytes.end()));
     }

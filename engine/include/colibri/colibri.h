@@ -180,7 +180,7 @@ COLIBRI_API colibri_load_options colibri_load_options_default(void);
 
 /* Loads a model from `path` (UTF-8, NUL-terminated):
  *   - a .colibri file (mapped in place),
- *   - a GGUF file (F32/F16/BF16/Q8_0 tensors, converted to f32),
+ *   - a GGUF file (F32/F16/BF16, Q8_0, Q4_0..Q5_1 or Q2_K..Q6_K tensors, converted to f32),
  *   - a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
  *     tokenizer_config.json; converted to f32).
  * `options` may be NULL (defaults). On success *out is a new model handle.
