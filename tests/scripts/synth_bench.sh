@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # colibri-synth and colibri-bench end to end: a synthetic OLMoE-family file
-# (int8 and int4) verifies with colibri-inspect, is the same for the same seed
+# (int8 and int4, int4 also with --group4 64) verifies with colibri-inspect, is the same for the same seed
 # and differs for another, runs in colibri-run, and colibri-bench --json on it
 # reports every figure with sane values. Bad shapes and layer counts are
 # refused by name. Routing of a deep synthetic file spreads over the experts.
@@ -31,6 +31,11 @@ grep -q "OLMoE (model_type olmoe)" "$work/inspect.txt" || { cat "$work/inspect.t
 grep -q "quantization   int8" "$work/inspect.txt" || { cat "$work/inspect.txt"; fail "not int8"; }
 "$inspect" "$work/d.colibri" --verify > "$work/inspect4.txt" 2>&1 || { cat "$work/inspect4.txt"; fail "int4 --verify failed"; }
 grep -q "layers 1 (1 MoE)" "$work/inspect4.txt" || { cat "$work/inspect4.txt"; fail "--layers 1 not applied"; }
+grep -q "q4_group 32" "$work/inspect4.txt" || { cat "$work/inspect4.txt"; fail "int4 groups are not 32 by default"; }
+"$synth" olmoe-test-tiny --quant int4 --layers 1 --group4 64 --out "$work/g64.colibri" --no-progress > /dev/null 2>&1 ||
+  fail "synth int4 --group4 64 failed"
+"$inspect" "$work/g64.colibri" --verify > "$work/inspect64.txt" 2>&1 || { cat "$work/inspect64.txt"; fail "--group4 64 --verify failed"; }
+grep -q "q4_group 64" "$work/inspect64.txt" || { cat "$work/inspect64.txt"; fail "--group4 64 not applied"; }
 
 # The embedded tokenizer round-trips text through a real generation.
 "$run" --model "$work/a.colibri" --prompt "Hello, world" --max-tokens 4 --quiet > /dev/null 2> "$work/run.txt" ||

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -119,6 +120,24 @@ TEST(Q4Fit, CutsTheSquaredErrorOfNormalWeights) {
                   std::string(weight_format_name(format)).c_str(), group, fitted, nearest, fitted / nearest);
       EXPECT_LT(fitted, (group == 32 ? 0.85 : 0.9) * nearest) << weight_format_name(format) << " group " << group;
     }
+}
+
+// A large matrix is quantized on several threads (split by rows); its bytes
+// must be those of each row quantized on its own, so a file does not depend
+// on the machine's core count.
+TEST(Q4Fit, LargeMatricesSplitOverThreadsGiveEachRowsOwnBytes) {
+  const std::int32_t rows = 1024, cols = 2048, group = 32;  // 2 M weights: above the split threshold
+  const auto values = normal_values(static_cast<std::size_t>(rows) * cols, 5u);
+  const auto whole = quantize(WeightFormat::Q4, rows, cols, group, values);
+  const std::size_t row_bytes = (cols + 1) / 2, groups = cols / group;
+  for (std::int32_t r : {0, 1, 511, 512, 700, 1023}) {
+    const std::vector<float> row(values.begin() + static_cast<std::ptrdiff_t>(r) * cols,
+                                 values.begin() + static_cast<std::ptrdiff_t>(r + 1) * cols);
+    const auto alone = quantize(WeightFormat::Q4, 1, cols, group, row);
+    EXPECT_EQ(0, std::memcmp(alone.bytes.data(), whole.bytes.data() + r * row_bytes, row_bytes)) << "row " << r;
+    EXPECT_EQ(0, std::memcmp(alone.m.scales, whole.m.scales + r * groups, groups * sizeof(float))) << "row " << r;
+    EXPECT_EQ(0, std::memcmp(alone.m.mins, whole.m.mins + r * groups, groups * sizeof(float))) << "row " << r;
+  }
 }
 
 TEST(Q4Fit, GroupsOfSixteenOrFewerLevelsStayExact) {
