@@ -11,7 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "../format/gguf_test_writer.h"
+#include "format/checkpoint.h"
+#include "format/colibri_writer.h"
 #include "format/gguf_source.h"
+#include "kernels/quantize.h"
 #include "model/model.h"
 #include "runtime/session.h"
 
@@ -249,6 +252,54 @@ TEST(GgufQ4_1, QuantizedMixtralStaysClose) {
               agree, positions);
   EXPECT_GE(agreement, 0.65);
   std::filesystem::remove(path);
+}
+
+// A Q4_1 block is exactly what an int4 group holds (32 values, an f16 scale
+// and minimum, codes 0..15 spanning the range), so the writer's quantizer finds
+// that exact fit again (round-to-nearest over the range, its first candidate):
+// converting a Q4_1 GGUF to int4 rounds its experts no further.
+TEST(GgufQ4_1, ConvertsToInt4WithoutASecondRounding) {
+  auto f32_file = GgufFile::open(fixture_dir("olmoe-tiny") / "model.gguf");
+  ASSERT_TRUE(f32_file.ok()) << f32_file.error().message;
+  auto image = testing_gguf::requantize(
+      f32_file->gguf(), [](const GgufTensorInfo& t) { return t.name.find("_exps.") != std::string::npos; },
+      GgmlType::Q4_1);
+  auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
+  std::filesystem::create_directories(dir);
+  const auto gguf_path = dir / "olmoe-tiny-q4_1.gguf", colibri_path = dir / "olmoe-tiny-q4_1-int4.colibri";
+  {
+    std::ofstream out(gguf_path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+    ASSERT_TRUE(out.good());
+  }
+  auto checkpoint = open_checkpoint(gguf_path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.error().message;
+  ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
+                     checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
+  ASSERT_TRUE(write_colibri(colibri_path, input, *quant_scheme("int4")).ok());
+
+  auto decoded = Model::load(gguf_path);  // the GGUF's blocks decoded to f32
+  auto converted = Model::load(colibri_path);
+  ASSERT_TRUE(decoded.ok() && converted.ok());
+  std::size_t values = 0, differing = 0;
+  for (std::size_t l = 0; l < (*decoded)->weights().layers.size(); ++l)
+    for (std::size_t e = 0; e < (*decoded)->weights().layers[l].experts.size(); ++e)
+      for (auto part : {&FfnWeights::gate, &FfnWeights::up, &FfnWeights::down}) {
+        const Matrix& want = (*decoded)->weights().layers[l].experts[e].*part;
+        const Matrix& got = (*converted)->weights().layers[l].experts[e].*part;
+        ASSERT_EQ(got.format, WeightFormat::Q4R16);
+        std::vector<float> row(static_cast<std::size_t>(got.cols));
+        for (std::int32_t r = 0; r < got.rows; ++r) {
+          dequantize_row(got, r, row.data());
+          for (std::int32_t c = 0; c < got.cols; ++c, ++values)
+            if (row[static_cast<std::size_t>(c)] != want.f32()[static_cast<std::size_t>(r) * got.cols + c]) ++differing;
+        }
+      }
+  std::printf("[gguf-q4_1] olmoe-tiny experts to int4: %zu of %zu values differ from the GGUF's\n", differing, values);
+  EXPECT_GT(values, 0u);
+  EXPECT_EQ(differing, 0u);
+  std::filesystem::remove(gguf_path);
+  std::filesystem::remove(colibri_path);
 }
 
 TEST(GgufLoad, MissingGgufFileIsAClearError) {
