@@ -28,8 +28,8 @@ enum class ActivationMode : std::uint8_t {
 };
 
 // A 4-bit weight's own rounding error is about 16 times an int8 activation's,
-// so a residual plane buys nothing there that can be measured (fixtures, int4
-// experts: mean KL 2.518e-2 with two planes, 2.550e-2 with one) and doubles
+// so a residual plane buys almost nothing there (fixtures, int4 experts: mean
+// KL 2.518e-2 with two planes, 2.550e-2 with one) and doubles
 // the 4-bit kernels' arithmetic, which made int4 decode compute-bound on two
 // cores. Int8Residual therefore means two planes on 8-bit weights, one on 4-bit.
 inline bool takes_residual_plane(ActivationMode mode, WeightFormat format) {
