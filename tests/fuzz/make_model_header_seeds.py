@@ -2,7 +2,8 @@
 """Writes the seed corpus of fuzz_model_headers (tests/fuzz/corpus/model_headers;
 the fixtures' config.json files there are plain copies):
 small, valid GGUF and safetensors images that reach every part of the readers
-(each GGUF value type, tensors of several ggml types, alignment; several
+(each GGUF value type, tensors of several ggml types and of every decoded
+block type, alignment; several
 safetensors dtypes, metadata, an empty tensor), and the metadata of a real
 GGUF fixture with tiny tensors in place of its weights.
 
@@ -73,6 +74,24 @@ def tiny_tensors():
     ]
 
 
+def block_tensors():
+    """One tensor of each block type format/ggml_blocks.cpp decodes: codes from a
+    fixed byte pattern, every f16 scale field set to a small finite value."""
+    types = [  # (name, ggml type, values per block, bytes per block, offsets of f16 fields)
+        ("q4_0", 2, 32, 18, [0]), ("q4_1", 3, 32, 20, [0, 2]), ("q5_0", 6, 32, 22, [0]),
+        ("q5_1", 7, 32, 24, [0, 2]), ("q2_k", 10, 256, 84, [80, 82]), ("q3_k", 11, 256, 110, [108]),
+        ("q4_k", 12, 256, 144, [0, 2]), ("q5_k", 13, 256, 176, [0, 2]), ("q6_k", 14, 256, 210, [208]),
+    ]
+    tensors = []
+    for name, ggml_type, block, size, halves in types:
+        data = bytearray((i * 37 + 11) % 256 for i in range(2 * size))
+        for b in range(2):
+            for at in halves:
+                data[b * size + at:b * size + at + 2] = f16(0.25 * (b + 1))
+        tensors.append(("blk." + name, [block * 2], ggml_type, bytes(data)))
+    return tensors
+
+
 def write(name, data):
     with open(os.path.join(OUT, name), "wb") as f:
         f.write(data)
@@ -102,6 +121,7 @@ def main():
     q4_k = ("e.q4_k", [256], 12, bytes(range(144)))
     write("gguf-align64.gguf", gguf(b"".join(kv(*item) for item in kvs64), len(kvs64), tiny_tensors()[:1] + [q4_k], 64))
     write("gguf-empty.gguf", gguf(b"", 0, []))
+    write("gguf-blocks.gguf", gguf(b"", 0, block_tensors()))
 
     st_header = {
         "__metadata__": {"format": "pt"},
