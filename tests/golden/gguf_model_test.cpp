@@ -254,52 +254,86 @@ TEST(GgufQ4_1, QuantizedMixtralStaysClose) {
   std::filesystem::remove(path);
 }
 
-// A Q4_1 block is exactly what an int4 group holds (32 values, an f16 scale
-// and minimum, codes 0..15 spanning the range), so the writer's quantizer finds
-// that exact fit again (round-to-nearest over the range, its first candidate):
-// converting a Q4_1 GGUF to int4 rounds its experts no further.
-TEST(GgufQ4_1, ConvertsToInt4WithoutASecondRounding) {
-  auto f32_file = GgufFile::open(fixture_dir("olmoe-tiny") / "model.gguf");
-  ASSERT_TRUE(f32_file.ok()) << f32_file.error().message;
-  auto image = testing_gguf::requantize(
-      f32_file->gguf(), [](const GgufTensorInfo& t) { return t.name.find("_exps.") != std::string::npos; },
-      GgmlType::Q4_1);
+// Converts `fixture`'s GGUF, with the tensors `pick` selects re-encoded as
+// `type`, to a .colibri file of `scheme`, and counts the values of every
+// routed expert matrix that differ from the GGUF's own decoding.
+struct SecondRounding {
+  std::size_t values = 0, differing = 0;
+};
+template <typename Pick>
+SecondRounding convert_and_compare(const std::string& fixture, GgmlType type, Pick pick, const QuantScheme& scheme,
+                                   WeightFormat expected_format) {
+  SecondRounding count;
+  auto f32_file = GgufFile::open(fixture_dir(fixture) / "model.gguf");
+  EXPECT_TRUE(f32_file.ok()) << f32_file.error().message;
+  if (!f32_file.ok()) return count;
+  auto image = testing_gguf::requantize(f32_file->gguf(), pick, type);
   auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
   std::filesystem::create_directories(dir);
-  const auto gguf_path = dir / "olmoe-tiny-q4_1.gguf", colibri_path = dir / "olmoe-tiny-q4_1-int4.colibri";
+  const auto gguf_path = dir / (fixture + "-requantized.gguf"), colibri_path = dir / (fixture + "-converted.colibri");
   {
     std::ofstream out(gguf_path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
-    ASSERT_TRUE(out.good());
   }
   auto checkpoint = open_checkpoint(gguf_path);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.error().message;
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
+  if (!checkpoint.ok()) return count;
   ConvertInput input{checkpoint->config, checkpoint->config_json, checkpoint->tokenizer_json,
                      checkpoint->tokenizer_config_json, checkpoint->kind, checkpoint->source.get()};
-  ASSERT_TRUE(write_colibri(colibri_path, input, *quant_scheme("int4")).ok());
-
+  EXPECT_TRUE(write_colibri(colibri_path, input, scheme).ok());
   auto decoded = Model::load(gguf_path);  // the GGUF's blocks decoded to f32
   auto converted = Model::load(colibri_path);
-  ASSERT_TRUE(decoded.ok() && converted.ok());
-  std::size_t values = 0, differing = 0;
+  EXPECT_TRUE(decoded.ok() && converted.ok());
+  if (!decoded.ok() || !converted.ok()) return count;
   for (std::size_t l = 0; l < (*decoded)->weights().layers.size(); ++l)
     for (std::size_t e = 0; e < (*decoded)->weights().layers[l].experts.size(); ++e)
       for (auto part : {&FfnWeights::gate, &FfnWeights::up, &FfnWeights::down}) {
         const Matrix& want = (*decoded)->weights().layers[l].experts[e].*part;
         const Matrix& got = (*converted)->weights().layers[l].experts[e].*part;
-        ASSERT_EQ(got.format, WeightFormat::Q4R16);
+        EXPECT_EQ(got.format, expected_format);
         std::vector<float> row(static_cast<std::size_t>(got.cols));
         for (std::int32_t r = 0; r < got.rows; ++r) {
           dequantize_row(got, r, row.data());
-          for (std::int32_t c = 0; c < got.cols; ++c, ++values)
-            if (row[static_cast<std::size_t>(c)] != want.f32()[static_cast<std::size_t>(r) * got.cols + c]) ++differing;
+          for (std::int32_t c = 0; c < got.cols; ++c, ++count.values)
+            if (row[static_cast<std::size_t>(c)] != want.f32()[static_cast<std::size_t>(r) * got.cols + c])
+              ++count.differing;
         }
       }
-  std::printf("[gguf-q4_1] olmoe-tiny experts to int4: %zu of %zu values differ from the GGUF's\n", differing, values);
-  EXPECT_GT(values, 0u);
-  EXPECT_EQ(differing, 0u);
   std::filesystem::remove(gguf_path);
   std::filesystem::remove(colibri_path);
+  return count;
+}
+
+bool is_expert(const GgufTensorInfo& t) { return t.name.find("_exps.") != std::string::npos; }
+
+// A Q4_1 block is exactly what an int4 group holds (32 values, an f16 scale
+// and minimum, codes 0..15 spanning the range), so the writer's quantizer finds
+// that exact fit again (round-to-nearest over the range, its first candidate):
+// converting a Q4_1 GGUF to int4 rounds its experts no further.
+TEST(GgufQ4_1, ConvertsToInt4WithoutASecondRounding) {
+  const auto count =
+      convert_and_compare("olmoe-tiny", GgmlType::Q4_1, is_expert, *quant_scheme("int4"), WeightFormat::Q4R16);
+  std::printf("[gguf-q4_1] olmoe-tiny experts to int4: %zu of %zu values differ from the GGUF's\n", count.differing,
+              count.values);
+  EXPECT_GT(count.values, 0u);
+  EXPECT_EQ(count.differing, 0u);
+}
+
+// Q8_0 blocks (32 values, d = max|w| / 127, so the largest code is +-127)
+// convert to int8 with groups of 32 (`colibri-convert --group 32`) exactly:
+// the writer's scale max|w| / 127 is d again and every code comes back. With
+// the default groups of 64, two blocks share a scale and values are rounded again.
+TEST(GgufQ8_0, ConvertsToInt8WithGroupsOf32WithoutASecondRounding) {
+  QuantScheme scheme = *quant_scheme("int8");
+  scheme.q8_group = 32;
+  const auto exact = convert_and_compare("olmoe-tiny", GgmlType::Q8_0, is_expert, scheme, WeightFormat::Q8R16);
+  const auto regrouped =
+      convert_and_compare("olmoe-tiny", GgmlType::Q8_0, is_expert, *quant_scheme("int8"), WeightFormat::Q8R16);
+  std::printf("[gguf-q8_0] olmoe-tiny experts to int8: %zu of %zu values differ with groups of 32, %zu with 64\n",
+              exact.differing, exact.values, regrouped.differing);
+  EXPECT_GT(exact.values, 0u);
+  EXPECT_EQ(exact.differing, 0u);
+  EXPECT_GT(regrouped.differing, 0u);
 }
 
 TEST(GgufLoad, MissingGgufFileIsAClearError) {
