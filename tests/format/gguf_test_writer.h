@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -235,6 +236,8 @@ std::vector<std::uint8_t> requantize(const Gguf& in, Pred quantize, GgmlType tar
     if (quantize(t) && t.type == static_cast<std::uint32_t>(GgmlType::F32) && t.ne[0] % 32 == 0) {
       std::vector<float> values(t.element_count);
       std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
+      if (target != GgmlType::Q8_0 && target != GgmlType::Q4_1)
+        throw std::invalid_argument("requantize: only Q8_0 and Q4_1 can be written");
       b.add_tensor(t.name, dims, static_cast<std::uint32_t>(target),
                    target == GgmlType::Q4_1 ? quantize_q4_1(values.data(), values.size())
                                             : quantize_q8_0(values.data(), values.size()));

@@ -53,6 +53,24 @@ std::vector<std::vector<float>> all_logits(const std::shared_ptr<const Model>& m
   return out;
 }
 
+// Writes a GGUF image built by a test into the build tree and returns its path.
+std::filesystem::path write_gguf(const std::vector<std::uint8_t>& image, const std::string& name) {
+  const auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
+  std::filesystem::create_directories(dir);
+  const auto path = dir / name;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+  EXPECT_TRUE(out.good()) << path;
+  return path;
+}
+
+// The matrices a quantized GGUF download re-encodes: attention and experts.
+bool is_attention_or_expert(const GgufTensorInfo& t) {
+  for (std::string_view part : {"_exps.", "attn_q.", "attn_k.", "attn_v.", "attn_output."})
+    if (t.name.find(part) != std::string::npos) return true;
+  return false;
+}
+
 class GgufGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GgufGolden, LogitsMatchTheHfDirectory) {
@@ -135,20 +153,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufGolden,
 TEST(GgufQ8_0, QuantizedMixtralStaysClose) {
   auto f32_file = GgufFile::open(fixture_dir("mixtral-tiny") / "model.gguf");
   ASSERT_TRUE(f32_file.ok()) << f32_file.error().message;
-  auto is_quantized = [](const GgufTensorInfo& t) {
-    for (std::string_view part : {"_exps.", "attn_q.", "attn_k.", "attn_v.", "attn_output."})
-      if (t.name.find(part) != std::string::npos) return true;
-    return false;
-  };
-  auto image = testing_gguf::requantize(f32_file->gguf(), is_quantized);
-  auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
-  std::filesystem::create_directories(dir);
-  auto path = dir / "mixtral-tiny-q8_0.gguf";
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
-    ASSERT_TRUE(out.good());
-  }
+  const auto path =
+      write_gguf(testing_gguf::requantize(f32_file->gguf(), is_attention_or_expert), "mixtral-tiny-q8_0.gguf");
 
   auto q8 = Model::load(path);
   ASSERT_TRUE(q8.ok()) << q8.error().message;
@@ -205,20 +211,8 @@ TEST(GgufQ8_0, QuantizedMixtralStaysClose) {
 TEST(GgufQ4_1, QuantizedMixtralStaysClose) {
   auto f32_file = GgufFile::open(fixture_dir("mixtral-tiny") / "model.gguf");
   ASSERT_TRUE(f32_file.ok()) << f32_file.error().message;
-  auto is_quantized = [](const GgufTensorInfo& t) {
-    for (std::string_view part : {"_exps.", "attn_q.", "attn_k.", "attn_v.", "attn_output."})
-      if (t.name.find(part) != std::string::npos) return true;
-    return false;
-  };
-  auto image = testing_gguf::requantize(f32_file->gguf(), is_quantized, GgmlType::Q4_1);
-  auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
-  std::filesystem::create_directories(dir);
-  auto path = dir / "mixtral-tiny-q4_1.gguf";
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
-    ASSERT_TRUE(out.good());
-  }
+  const auto path = write_gguf(testing_gguf::requantize(f32_file->gguf(), is_attention_or_expert, GgmlType::Q4_1),
+                               "mixtral-tiny-q4_1.gguf");
   auto q4 = Model::load(path);
   ASSERT_TRUE(q4.ok()) << q4.error().message;
   auto f32 = Model::load(fixture_dir("mixtral-tiny") / "model.gguf");
@@ -267,14 +261,8 @@ SecondRounding convert_and_compare(const std::string& fixture, GgmlType type, Pi
   auto f32_file = GgufFile::open(fixture_dir(fixture) / "model.gguf");
   EXPECT_TRUE(f32_file.ok()) << f32_file.error().message;
   if (!f32_file.ok()) return count;
-  auto image = testing_gguf::requantize(f32_file->gguf(), pick, type);
-  auto dir = std::filesystem::path(COLIBRI_BINARY_DIR) / "gguf_model_test";
-  std::filesystem::create_directories(dir);
-  const auto gguf_path = dir / (fixture + "-requantized.gguf"), colibri_path = dir / (fixture + "-converted.colibri");
-  {
-    std::ofstream out(gguf_path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
-  }
+  const auto gguf_path = write_gguf(testing_gguf::requantize(f32_file->gguf(), pick, type), fixture + "-requantized.gguf");
+  const auto colibri_path = gguf_path.parent_path() / (fixture + "-converted.colibri");
   auto checkpoint = open_checkpoint(gguf_path);
   EXPECT_TRUE(checkpoint.ok()) << checkpoint.error().message;
   if (!checkpoint.ok()) return count;
