@@ -1,4 +1,5 @@
-// colibri-inspect: describe a .colibri file and, on request, verify every checksum.
+// colibri-inspect: describe a .colibri file and, on request, verify every checksum;
+// given a GGUF file, say what it holds and whether colibri-convert can read it.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -6,6 +7,8 @@
 #include "core/mapped_file.h"
 #include "format/colibri_file.h"
 #include "format/colibri_summary.h"
+#include "format/gguf.h"
+#include "inspect_gguf.h"
 
 namespace {
 
@@ -31,12 +34,15 @@ int main(int argc, char** argv) {
       "The header checksum is always checked (a file that fails it does not parse).\n\n"
       "Exit status: 0 fine; 1 unreadable, malformed, or its config does not validate;\n"
       "3 a tensor or expert block failed its checksum (--verify).\n\n"
+      "Given a GGUF file, it lists the tensors by ggml type and says whether colibri-convert\n"
+      "can read every one (exit 0) or which types it cannot (exit 1), before a long conversion.\n\n"
       "Examples:\n"
       "  colibri-inspect model.colibri --verify\n"
-      "  colibri-inspect model.colibri --json | python3 -m json.tool\n"};
+      "  colibri-inspect model.colibri --json | python3 -m json.tool\n"
+      "  colibri-inspect OLMoE-1B-7B-0924-Q4_K_M.gguf\n"};
   std::string path;
   bool verify = false, json = false, tensors = false;
-  app.add_option("file", path, "The .colibri file")->required();
+  app.add_option("file", path, "The .colibri file (or a GGUF file to check before converting it)")->required();
   app.add_flag("--verify", verify, "Recompute every tensor and expert block checksum");
   app.add_flag("--json", json, "Print one JSON document (always lists every tensor and block)");
   app.add_flag("--tensors", tensors, "List every tensor: format, shape, group, offset, size, checksum, slot");
@@ -44,6 +50,12 @@ int main(int argc, char** argv) {
 
   auto file = colibri::MappedFile::open(path);
   if (!file) return fail(json, path, file.error().message);
+  const auto bytes = file->bytes();
+  if (bytes.size() >= 4 && bytes[0] == 'G' && bytes[1] == 'G' && bytes[2] == 'U' && bytes[3] == 'F') {
+    auto gguf = colibri::parse_gguf(bytes, path);
+    if (!gguf) return fail(json, path, gguf.error().message);
+    return colibri_tools::print_gguf_summary(*gguf, path, bytes.size(), json) ? kExitOk : kExitInvalid;
+  }
   auto image = colibri::parse_colibri(file->bytes(), path);
   if (!image) return fail(json, path, image.error().message);
 

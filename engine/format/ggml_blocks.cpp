@@ -207,6 +207,17 @@ bool dequantize_ggml_blocks(GgmlType type, const std::uint8_t* src, std::size_t 
   }
 }
 
+bool ggml_type_readable(std::uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void dequantize_q8_0(const std::uint8_t* src, std::size_t count, float* dst) {
   each_block<q8_0>(src, count, dst, 32, 34);
 }

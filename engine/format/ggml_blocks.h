@@ -18,6 +18,10 @@ enum class GgmlType : std::uint32_t;
 // returns false, writing nothing, for any other type.
 bool dequantize_ggml_blocks(GgmlType type, const std::uint8_t* src, std::size_t count, float* dst);
 
+// Whether Gguf::read_f32 converts tensors of this ggml type (raw value):
+// F32, F16, BF16 and the block types above.
+bool ggml_type_readable(std::uint32_t type);
+
 // Q8_0 alone (blocks of an f16 scale and 32 int8); `count` a multiple of 32.
 void dequantize_q8_0(const std::uint8_t* src, std::size_t count, float* dst);
 

@@ -300,5 +300,21 @@ TEST(GgmlBlocks, OtherTypesAreRefused) {
   EXPECT_EQ(out[0], 7.0f);  // nothing written
 }
 
+// colibri-inspect's verdict on a GGUF file uses ggml_type_readable: it must
+// name exactly the types read_f32 converts (the plain float types and the
+// decodable blocks).
+TEST(GgmlBlocks, ReadableTypesAreTheDecodableOnesAndPlainFloats) {
+  std::vector<std::uint8_t> bytes(292 * 2, 0);
+  std::vector<float> out(512);
+  for (std::uint32_t raw = 0; raw < 64; ++raw) {
+    const auto type = static_cast<GgmlType>(raw);
+    const bool plain = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+    const GgmlTypeInfo* info = ggml_type_info(raw);
+    const bool decodable =
+        info != nullptr && dequantize_ggml_blocks(type, bytes.data(), info->block_size, out.data());
+    EXPECT_EQ(ggml_type_readable(raw), plain || decodable) << "type " << raw;
+  }
+}
+
 }  // namespace
 }  // namespace colibri

@@ -2,7 +2,8 @@
 # colibri-inspect end to end: a converted fixture verifies (exit 0) and its
 # --json document describes it; after one byte inside expert block (layer 1,
 # expert 3) is flipped, --verify exits 3 and names exactly that block; a file
-# that does not parse exits 1 with the parser's message.
+# that does not parse exits 1 with the parser's message. A GGUF file gets a
+# summary by tensor type and a verdict on whether colibri-convert can read it.
 set -euo pipefail
 build_dir=$1
 data_dir=$2
@@ -74,4 +75,31 @@ python3 -c 'import json,sys; assert "truncated" in json.load(open(sys.argv[1]))[
   fail "--json on a truncated file does not print an error document"
 "$inspect" "$work/missing.colibri" > "$work/out.txt" 2>&1 && status=0 || status=$?
 [[ $status -eq 1 ]] && grep -q "cannot open" "$work/out.txt" || fail "a missing file exited $status"
+# A GGUF file: what it holds and whether colibri-convert can take it.
+"$inspect" "$data_dir/fixtures/olmoe-tiny/model.gguf" > "$work/gguf.txt" 2>&1 && status=0 || status=$?
+[[ $status -eq 0 ]] || { cat "$work/gguf.txt"; fail "a convertible GGUF exited $status"; }
+grep -q "model          OLMoE, 2 layers, hidden 64, 16 experts top-8" "$work/gguf.txt" &&
+  grep -Eq "F32 +27 tensors" "$work/gguf.txt" && grep -q "convertible    yes" "$work/gguf.txt" ||
+  { cat "$work/gguf.txt"; fail "GGUF summary"; }
+# One IQ2_XXS tensor (256 values in 66 bytes) and no model metadata: exit 1, both reasons named.
+python3 - "$work/iq2.gguf" <<'PY'
+import struct, sys
+def s(text):
+    b = text.encode()
+    return struct.pack("<Q", len(b)) + b
+kv = s("general.architecture") + struct.pack("<I", 8) + s("olmoe")
+info = s("blk.0.ffn_down_exps.weight") + struct.pack("<IQIQ", 1, 256, 16, 0)
+head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv + info
+head += b"\0" * (-len(head) % 32)
+open(sys.argv[1], "wb").write(head + bytes(66))
+PY
+"$inspect" "$work/iq2.gguf" > "$work/iq2.txt" 2>&1 && status=0 || status=$?
+[[ $status -eq 1 ]] || { cat "$work/iq2.txt"; fail "an unconvertible GGUF exited $status, not 1"; }
+grep -Eq "IQ2_XXS +1 tensors, .*\(not readable\)" "$work/iq2.txt" &&
+  grep -q "convertible    no: cannot read IQ2_XXS (first: blk.0.ffn_down_exps.weight); " "$work/iq2.txt" ||
+  { cat "$work/iq2.txt"; fail "unconvertible GGUF summary"; }
+"$inspect" "$work/iq2.gguf" --json > "$work/iq2.json" 2>/dev/null || true
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["convertible"] is False and d["unreadable_types"] == ["IQ2_XXS"] and d["model_error"], d' "$work/iq2.json" ||
+  fail "--json on an unconvertible GGUF"
+
 echo "inspect_verify: OK"
