@@ -20,6 +20,7 @@ struct GgufTypeCount {
   std::size_t tensors = 0;
   std::uint64_t bytes = 0;
   std::string first_tensor;
+  bool readable = true;
 };
 
 inline std::string human_bytes(std::uint64_t bytes) {
@@ -38,7 +39,8 @@ inline bool print_gguf_summary(const colibri::Gguf& gguf, const std::string& pat
     GgufTypeCount& count = by_type[type];
     if (count.tensors++ == 0) {
       count.first_tensor = t.name;
-      if (!colibri::ggml_type_readable(t.type)) unreadable.push_back(type);
+      count.readable = colibri::ggml_type_readable(t.type);
+      if (!count.readable) unreadable.push_back(type);
     }
     count.bytes += t.bytes.size();
   }
@@ -80,7 +82,7 @@ inline bool print_gguf_summary(const colibri::Gguf& gguf, const std::string& pat
   for (const auto& [type, count] : by_type) {
     std::printf("%s%-8s %5zu tensors, %10s%s\n", first ? "tensor types   " : "               ", type.c_str(),
                 count.tensors, human_bytes(count.bytes).c_str(),
-                colibri::ggml_type_readable(gguf.find_tensor(count.first_tensor)->type) ? "" : "  (not readable)");
+                count.readable ? "" : "  (not readable)");
     first = false;
   }
   if (convertible) {
