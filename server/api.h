@@ -78,6 +78,7 @@ struct GenerationRequest {
   std::optional<double> presence_penalty, frequency_penalty, repetition_penalty;
   std::optional<std::int64_t> top_k;
   std::optional<std::uint64_t> seed;
+  std::vector<std::pair<std::int64_t, double>> logit_bias;  // token id, bias, as the client sent them
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool parse_special = false;                         // completions: specials in the prompt

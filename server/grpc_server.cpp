@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "colibri.grpc.pb.h"
@@ -64,6 +65,10 @@ void apply_options(const pb::SamplingOptions& o, GenerationRequest& r) {
   if (o.has_seed()) r.seed = o.seed();
   r.stop.assign(o.stop().begin(), o.stop().end());
   r.ignore_eos = o.ignore_eos();
+  // A protobuf map iterates in no fixed order; sorted, the request is the same every time.
+  r.logit_bias.clear();
+  for (const auto& [id, bias] : o.logit_bias()) r.logit_bias.emplace_back(id, static_cast<double>(bias));
+  std::sort(r.logit_bias.begin(), r.logit_bias.end());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -103,14 +104,36 @@ void refuse_unsupported(Fields& f) {
   if (auto top = f.integer("top_logprobs"); top && *top != 0) f.fail("top_logprobs", "top_logprobs are not supported");
   if (auto echo = f.boolean("echo"); echo && *echo) f.fail("echo", "echo is not supported");
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty()) f.fail("suffix", "suffix is not supported");
-  if (const json* bias = f.get("logit_bias"); bias != nullptr && !(bias->is_object() && bias->empty()))
-    f.fail("logit_bias", "logit_bias is not supported by this server");
   for (const char* name : {"tools", "functions"})
     if (const json* v = f.get(name); v != nullptr && !(v->is_array() && v->empty()))
       f.fail(name, fmt::format("{} (function calling) is not supported", name));
   if (const json* format = f.get("response_format"); format != nullptr) {
     if (!format->is_object() || format->value("type", json()) != "text")
       f.fail("response_format", "response_format other than {\"type\": \"text\"} is not supported");
+  }
+}
+
+// OpenAI's shape: {"token id as a decimal string": bias}. Ranges are the
+// service's to check (it knows the vocabulary); here only the shape.
+void parse_logit_bias(Fields& f, std::vector<std::pair<std::int64_t, double>>& out) {
+  const json* v = f.get("logit_bias");
+  if (v == nullptr) return;
+  if (!v->is_object()) {
+    f.fail("logit_bias", fmt::format("logit_bias must be an object of token id to bias, got {}", type_of(*v)));
+    return;
+  }
+  for (const auto& [key, bias] : v->items()) {
+    std::int64_t id = 0;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size()) {
+      f.fail("logit_bias", fmt::format("logit_bias keys must be token ids written as decimal integers, got '{}'", key));
+      return;
+    }
+    if (!bias.is_number()) {
+      f.fail("logit_bias", fmt::format("logit_bias['{}'] must be a number, got {}", key, type_of(bias)));
+      return;
+    }
+    out.emplace_back(id, bias.get<double>());
   }
 }
 
@@ -239,6 +262,7 @@ Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat)
   r.frequency_penalty = f.number("frequency_penalty");
   r.repetition_penalty = f.number("repetition_penalty");
   r.seed = f.unsigned_integer("seed");
+  parse_logit_bias(f, r.logit_bias);
   parse_stop(f, r.stop);
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   if (!chat) {

@@ -251,6 +251,19 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
   if (request.top_k && (*request.top_k < -1 || *request.top_k > std::numeric_limits<std::int32_t>::max()))
     return ApiError::invalid(fmt::format("top_k must be an integer >= -1 (-1 and 0 = off), got {}", *request.top_k),
                              "top_k");
+  if (request.logit_bias.size() > kMaxLogitBias)
+    return ApiError::invalid(fmt::format("logit_bias has {} entries; at most {} are allowed", request.logit_bias.size(),
+                                         kMaxLogitBias),
+                             "logit_bias");
+  const std::int64_t vocab = generation->model->config().vocab;
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id < 0 || id >= vocab)
+      return ApiError::invalid(fmt::format("logit_bias: token id {} is outside the vocabulary (0 to {})", id, vocab - 1),
+                               "logit_bias");
+    if (!(bias >= -100.0 && bias <= 100.0))
+      return ApiError::invalid(fmt::format("logit_bias: the bias of token {} must be in [-100, 100], got {}", id, bias),
+                               "logit_bias");
+  }
   if (request.stop.size() > static_cast<std::size_t>(config_.max_stop_strings))
     return ApiError::invalid(fmt::format("stop has {} strings; at most {} are allowed", request.stop.size(),
                                          config_.max_stop_strings),
@@ -307,6 +320,8 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
   s.repetition_penalty = static_cast<float>(request.repetition_penalty.value_or(1.0));
   // OpenAI semantics: without a seed, sampled output differs between requests.
   s.seed = request.seed ? *request.seed : std::random_device{}();
+  for (const auto& [id, bias] : request.logit_bias)
+    s.logit_bias.emplace_back(static_cast<std::int32_t>(id), static_cast<float>(bias));
   Status valid = validate(s);
   if (!valid.ok()) return ApiError::invalid(valid.error().message);
   spec.stop = request.stop;

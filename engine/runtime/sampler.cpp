@@ -50,6 +50,15 @@ Status validate(const SamplingParams& p) {
     return make_error("sampling: frequency_penalty must be in [-2, 2] (0 = off), got {}",
                       p.frequency_penalty);
   }
+  if (p.logit_bias.size() > kMaxLogitBias) {
+    return make_error("sampling: logit_bias has {} entries; at most {} are allowed", p.logit_bias.size(),
+                      kMaxLogitBias);
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0) return make_error("sampling: logit_bias token id must be >= 0, got {}", id);
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      return make_error("sampling: logit_bias for token {} must be in [-100, 100], got {}", id, bias);
+  }
   if (p.penalty_last_n < -1) {
     return make_error("sampling: penalty_last_n must be >= -1 (-1 = whole history, 0 = off), got {}",
                       p.penalty_last_n);
@@ -211,6 +220,8 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
   if (logits.size() > static_cast<std::size_t>(vocab_size_)) {
     logits = logits.first(static_cast<std::size_t>(vocab_size_));
   }
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id < vocab_size_) logits[static_cast<std::size_t>(id)] += bias;
   apply_penalties(logits, history);
 
   if (params_.temperature == 0.0f) {

@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/result.h"
@@ -66,7 +67,12 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // logit -= frequency * count
   std::int32_t penalty_last_n = 64; // history window for all penalties (-1 = all, 0 = none)
   std::uint64_t seed = 0;
+  // Added to the logits of these token ids before anything else, OpenAI's
+  // logit_bias: each in [-100, 100] (-100 all but bans a token, +100 all but
+  // forces it), at most kMaxLogitBias ids; ids past the vocabulary are ignored.
+  std::vector<std::pair<std::int32_t, float>> logit_bias;
 };
+inline constexpr std::size_t kMaxLogitBias = 1024;
 
 // Checks every field against its allowed range; the error names the field,
 // the range and the offending value.
@@ -80,7 +86,7 @@ class Sampler {
   // `params` must pass validate(); `vocab_size` > 0. Allocates all buffers.
   Sampler(const SamplingParams& params, std::int32_t vocab_size);
 
-  // logits: vocab_size floats; the penalties are applied to them in place
+  // logits: vocab_size floats; logit_bias and the penalties are applied to them in place
   // (the other steps work on an internal copy). history: every token so far
   // (prompt + generated); the penalties look at its last penalty_last_n
   // entries, counting each occurrence; ids outside [0, vocab_size) are

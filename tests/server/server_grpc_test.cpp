@@ -155,6 +155,35 @@ TEST_F(GrpcServerTest, TokenizeDetokenizeAndRoute) {
   EXPECT_EQ(routed.tokens(1).experts(0), 3);
 }
 
+TEST_F(GrpcServerTest, LogitBiasAsOverHttp) {
+  const std::string prompt = "The quick brown fox";
+  auto http = http_post(server_->port(), "/v1/completions",
+                        json{{"prompt", prompt}, {"max_tokens", 8}, {"return_token_ids", true}, {"ignore_eos", true},
+                             {"logit_bias", json{{"300", 100}, {"17", -5.5}}}});
+  ASSERT_EQ(http.status, 200) << http.body;
+  const auto expected = http.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>();
+  EXPECT_EQ(expected, std::vector<std::int32_t>(8, 300));
+
+  pb::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.mutable_options()->set_max_tokens(8);
+  request.mutable_options()->set_ignore_eos(true);
+  (*request.mutable_options()->mutable_logit_bias())[300] = 100;
+  (*request.mutable_options()->mutable_logit_bias())[17] = -5.5f;
+  auto ctx = context();
+  Streamed out = read_all(stub_->Generate(ctx.get(), request));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.tokens, expected);
+
+  pb::GenerateRequest too_strong;
+  too_strong.set_prompt(prompt);
+  (*too_strong.mutable_options()->mutable_logit_bias())[300] = 101;
+  auto ctx2 = context();
+  const grpc::Status status = read_all(stub_->Generate(ctx2.get(), too_strong)).status;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("logit_bias"), std::string::npos) << status.error_message();
+}
+
 TEST_F(GrpcServerTest, ErrorsMapToGrpcCodes) {
   auto run = [&](pb::GenerateRequest request) {
     auto ctx = context();

@@ -173,11 +173,26 @@ TEST_F(BadInputTest, UnsupportedOptionsAreRefusedByName) {
   expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "n");
   expect_error("/v1/completions", R"({"prompt": "x", "logprobs": 5})", 400, "logprobs");
   expect_error("/v1/completions", R"({"prompt": "x", "echo": true})", 400, "echo");
-  expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"1": 5}})", 400, "logit_bias");
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})", 400, "tools");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": [""]})", 400, "stop");
   EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "n": 1, "max_tokens": 2, "user": "u"})")).status, 200);
+}
+
+TEST_F(BadInputTest, LogitBiasOutOfShapeOrRange) {
+  auto message = [](const json& error) { return error["message"].get<std::string>(); };
+  auto e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": [1, 2]})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("must be an object"), std::string::npos) << e;
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"abc": 5}})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("'abc'"), std::string::npos) << e;
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"12": "high"}})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("must be a number"), std::string::npos) << e;
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"12": 150}})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("[-100, 100], got 150"), std::string::npos) << e;
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"99999999": 1}})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("token id 99999999 is outside the vocabulary"), std::string::npos) << e;
+  expect_error("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"-3": 1}})", 400, "logit_bias");
 }
 
 TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {

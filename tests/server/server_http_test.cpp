@@ -160,6 +160,34 @@ TEST_F(HttpServerTest, PromptAsTokenIdsEqualsEngineGreedy) {
   EXPECT_EQ(res.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>(), expected.tokens);
 }
 
+// logit_bias (OpenAI's shape: token id as a string -> bias): +100 on one id
+// makes greedy decoding emit it at every step; -100 on the first greedy token
+// makes the first token another one, and the prompt is unchanged.
+TEST_F(HttpServerTest, LogitBiasForcesAndBansTokens) {
+  const std::vector<std::int32_t> ids = {39, 68, 423, 78, 278, 260, 75, 67};
+  auto forced = http_post(port(), "/v1/completions",
+                          json{{"prompt", ids}, {"max_tokens", 6}, {"return_token_ids", true}, {"ignore_eos", true},
+                               {"logit_bias", json{{"300", 100}}}});
+  ASSERT_EQ(forced.status, 200) << forced.body;
+  EXPECT_EQ(forced.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>(),
+            std::vector<std::int32_t>(6, 300));
+  const Reference greedy = reference(ids, 4, {506});
+  ASSERT_FALSE(greedy.tokens.empty());
+  auto banned = http_post(port(), "/v1/completions",
+                          json{{"prompt", ids}, {"max_tokens", 4}, {"return_token_ids", true},
+                               {"logit_bias", json{{std::to_string(greedy.tokens[0]), -100}}}});
+  ASSERT_EQ(banned.status, 200) << banned.body;
+  const auto got = banned.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>();
+  ASSERT_FALSE(got.empty());
+  EXPECT_NE(got[0], greedy.tokens[0]);
+  for (std::int32_t id : got) EXPECT_NE(id, greedy.tokens[0]);
+  // An empty map is no bias at all.
+  auto plain = http_post(port(), "/v1/completions",
+                         json{{"prompt", ids}, {"max_tokens", 4}, {"return_token_ids", true}, {"logit_bias", json::object()}});
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(plain.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>(), greedy.tokens);
+}
+
 TEST_F(HttpServerTest, StreamEqualsNonStream) {
   const json request = {{"prompt", reference_prompts()[2]}, {"max_tokens", 32}, {"return_token_ids", true}};
   auto whole = http_post(port(), "/v1/completions", request);

@@ -426,6 +426,31 @@ TEST(Sampler, PresenceAndFrequencyPenaltyArithmetic) {
   EXPECT_FLOAT_EQ(neg[1], 2.0f);
 }
 
+TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
+  // Bias first, then the repetition penalty divides the biased positive logit
+  // (llama.cpp's order); ids past the vocabulary are ignored.
+  SamplingParams p = penalties(2.0f, 0, 0);
+  p.logit_bias = {{0, 1.0f}, {2, -3.0f}, {7, 50.0f}};
+  const auto out = penalised(p, {3.0f, 1.0f, 1.0f}, {0});
+  EXPECT_FLOAT_EQ(out[0], (3.0f + 1.0f) / 2.0f);
+  EXPECT_FLOAT_EQ(out[1], 1.0f);
+  EXPECT_FLOAT_EQ(out[2], -2.0f);
+}
+
+TEST(Sampler, LogitBiasChangesTheGreedyAndTheSampledChoice) {
+  SamplingParams p = greedy();
+  p.logit_bias = {{3, 100.0f}};
+  std::vector<float> logits{5.0f, 1.0f, 2.0f, -1.0f};
+  EXPECT_EQ(Sampler(p, 4).sample(logits, {}), 3);
+  SamplingParams banned = at_temperature(1.0f);
+  banned.logit_bias = {{0, -100.0f}};
+  Sampler sampler(banned, 4);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> fresh{5.0f, 1.0f, 2.0f, -1.0f};
+    EXPECT_NE(sampler.sample(fresh, {}), 0);
+  }
+}
+
 TEST(Sampler, RepetitionThenPresenceAndFrequency) {
   // Order as llama.cpp: scale first, then subtract.
   const auto out = penalised(penalties(2.0f, 1.0f, 0.5f), {3.0f, -1.0f}, {0, 0, 1});
@@ -493,6 +518,7 @@ TEST(Sampler, SampleDoesNotAllocate) {
   all.presence_penalty = 0.3f;
   all.frequency_penalty = 0.2f;
   all.penalty_last_n = -1;
+  all.logit_bias = {{1, 2.0f}, {7, -100.0f}};
   configs.push_back(all);
   all.top_k = 0;  // top_p alone: incremental ranking of the vocabulary
   configs.push_back(all);
@@ -557,6 +583,10 @@ TEST(SamplerValidate, ErrorsNameTheField) {
   expect_invalid(with([](auto& p) { p.presence_penalty = kNaN; }), "presence_penalty");
   expect_invalid(with([](auto& p) { p.frequency_penalty = -2.01f; }), "frequency_penalty");
   expect_invalid(with([](auto& p) { p.penalty_last_n = -2; }), "penalty_last_n");
+  expect_invalid(with([](auto& p) { p.logit_bias = {{5, 100.5f}}; }), "logit_bias");
+  expect_invalid(with([](auto& p) { p.logit_bias = {{5, kNaN}}; }), "logit_bias");
+  expect_invalid(with([](auto& p) { p.logit_bias = {{-1, 1.0f}}; }), "logit_bias");
+  expect_invalid(with([](auto& p) { p.logit_bias.assign(kMaxLogitBias + 1, {1, 1.0f}); }), "logit_bias");
 }
 
 TEST(SamplerValidate, ErrorStatesRangeAndValue) {
