@@ -134,35 +134,23 @@ void k_scale_min(const std::uint8_t* packed, int s, int* scale, int* min) {
 // Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes
 // of codes. Value v = 64c + i (i < 32) is the low nibble of byte 32c + i,
 // v = 64c + 32 + i its high nibble; sub-block v / 32. w = d sc q - dmin m.
-void q4_k(const std::uint8_t* b, float* y) {
+// Q5_K (176 bytes, FifthBit) is the same with 32 bytes qh before the codes;
+// value v's fifth bit is bit v / 32 of qh[v % 32].
+template <bool FifthBit>
+void q45_k(const std::uint8_t* b, float* y) {
   const float d = f16_at(b), dmin = f16_at(b + 2);
-  const std::uint8_t* packed = b + 4;
-  const std::uint8_t* qs = b + 16;
-  for (std::size_t v = 0; v < kSuperBlock; ++v) {
-    const std::size_t chunk = v / 64, i = v % 32;
-    const bool high_nibble = (v % 64) >= 32;
-    int sc, m;
-    k_scale_min(packed, static_cast<int>(v / 32), &sc, &m);
-    const int q = high_nibble ? qs[32 * chunk + i] >> 4 : qs[32 * chunk + i] & 0x0F;
-    y[v] = d * static_cast<float>(sc) * static_cast<float>(q) - dmin * static_cast<float>(m);
-  }
-}
-
-// Q5_K (176 bytes): as Q4_K with 32 bytes qh before the codes; value v's
-// fifth bit is bit v / 32 of qh[v % 32].
-void q5_k(const std::uint8_t* b, float* y) {
-  const float d = f16_at(b), dmin = f16_at(b + 2);
-  const std::uint8_t* packed = b + 4;
   const std::uint8_t* qh = b + 16;
-  const std::uint8_t* qs = b + 48;
-  for (std::size_t v = 0; v < kSuperBlock; ++v) {
-    const std::size_t chunk = v / 64, i = v % 32;
-    const bool high_nibble = (v % 64) >= 32;
+  const std::uint8_t* qs = b + (FifthBit ? 48 : 16);
+  for (int sub = 0; sub < 8; ++sub) {
     int sc, m;
-    k_scale_min(packed, static_cast<int>(v / 32), &sc, &m);
-    const int low = high_nibble ? qs[32 * chunk + i] >> 4 : qs[32 * chunk + i] & 0x0F;
-    const int q = low | (((qh[i] >> (v / 32)) & 1) << 4);
-    y[v] = d * static_cast<float>(sc) * static_cast<float>(q) - dmin * static_cast<float>(m);
+    k_scale_min(b + 4, sub, &sc, &m);
+    const std::uint8_t* codes = qs + 32 * (sub / 2);
+    const bool high_nibble = sub % 2 == 1;
+    for (int i = 0; i < 32; ++i) {
+      int q = high_nibble ? codes[i] >> 4 : codes[i] & 0x0F;
+      if constexpr (FifthBit) q |= ((qh[i] >> sub) & 1) << 4;
+      y[32 * sub + i] = d * static_cast<float>(sc) * static_cast<float>(q) - dmin * static_cast<float>(m);
+    }
   }
 }
 
@@ -184,42 +172,43 @@ void q6_k(const std::uint8_t* b, float* y) {
   }
 }
 
-template <void (*Decode)(const std::uint8_t*, float*)>
-void each_block(const std::uint8_t* src, std::size_t count, float* dst, std::size_t block, std::size_t bytes) {
-  for (std::size_t b = 0; b < count / block; ++b) Decode(src + b * bytes, dst + b * block);
+using BlockDecoder = void (*)(const std::uint8_t* block, float* values);
+
+// The one list of block types this file decodes; their sizes come from
+// gguf.cpp's table of ggml layouts (ggml_type_info).
+BlockDecoder block_decoder(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0: return q4_0;
+    case GgmlType::Q4_1: return q4_1;
+    case GgmlType::Q5_0: return q5_0;
+    case GgmlType::Q5_1: return q5_1;
+    case GgmlType::Q8_0: return q8_0;
+    case GgmlType::Q2_K: return q2_k;
+    case GgmlType::Q3_K: return q3_k;
+    case GgmlType::Q4_K: return q45_k<false>;
+    case GgmlType::Q5_K: return q45_k<true>;
+    case GgmlType::Q6_K: return q6_k;
+    default: return nullptr;
+  }
 }
 
 }  // namespace
 
 bool dequantize_ggml_blocks(GgmlType type, const std::uint8_t* src, std::size_t count, float* dst) {
-  switch (type) {
-    case GgmlType::Q4_0: each_block<q4_0>(src, count, dst, 32, 18); return true;
-    case GgmlType::Q4_1: each_block<q4_1>(src, count, dst, 32, 20); return true;
-    case GgmlType::Q5_0: each_block<q5_0>(src, count, dst, 32, 22); return true;
-    case GgmlType::Q5_1: each_block<q5_1>(src, count, dst, 32, 24); return true;
-    case GgmlType::Q8_0: each_block<q8_0>(src, count, dst, 32, 34); return true;
-    case GgmlType::Q2_K: each_block<q2_k>(src, count, dst, kSuperBlock, 84); return true;
-    case GgmlType::Q3_K: each_block<q3_k>(src, count, dst, kSuperBlock, 110); return true;
-    case GgmlType::Q4_K: each_block<q4_k>(src, count, dst, kSuperBlock, 144); return true;
-    case GgmlType::Q5_K: each_block<q5_k>(src, count, dst, kSuperBlock, 176); return true;
-    case GgmlType::Q6_K: each_block<q6_k>(src, count, dst, kSuperBlock, 210); return true;
-    default: return false;
-  }
+  const BlockDecoder decode = block_decoder(type);
+  if (decode == nullptr) return false;
+  const GgmlTypeInfo* info = ggml_type_info(static_cast<std::uint32_t>(type));
+  for (std::size_t b = 0; b < count / info->block_size; ++b) decode(src + b * info->type_size, dst + b * info->block_size);
+  return true;
 }
 
 bool ggml_type_readable(std::uint32_t type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
-    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
-      return true;
-    default:
-      return false;
-  }
+  const auto t = static_cast<GgmlType>(type);
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 || block_decoder(t) != nullptr;
 }
 
 void dequantize_q8_0(const std::uint8_t* src, std::size_t count, float* dst) {
-  each_block<q8_0>(src, count, dst, 32, 34);
+  dequantize_ggml_blocks(GgmlType::Q8_0, src, count, dst);
 }
 
 }  // namespace colibri

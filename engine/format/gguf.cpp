@@ -133,6 +133,20 @@ std::string ggml_type_name(std::uint32_t type) {
   return info ? std::string(info->name) : fmt::format("type {}", type);
 }
 
+namespace {
+
+// "F32, F16, Q4_0, ... and BF16": the types read_f32 converts, for its error message.
+std::string readable_type_names() {
+  std::vector<std::string_view> names;
+  for (std::uint32_t type = 0; type < kGgmlTypes.size(); ++type)
+    if (ggml_type_info(type) != nullptr && ggml_type_readable(type)) names.push_back(kGgmlTypes[type].name);
+  const std::string_view last = names.back();
+  names.pop_back();
+  return fmt::format("{} and {}", fmt::join(names, ", "), last);
+}
+
+}  // namespace
+
 // Walks the image front to back. Every read first checks that the bytes are
 // there, so a truncated or lying file ends in an error naming the offset.
 class GgufParser {
@@ -540,9 +554,8 @@ Status Gguf::read_f32(const GgufTensorInfo& tensor, std::uint64_t first, std::sp
     case GgmlType::BF16: convert_to_f32(DType::BF16, src, count, out.data()); break;
     default:
       if (!dequantize_ggml_blocks(static_cast<GgmlType>(tensor.type), src, count, out.data()))
-        return make_error("{}: unsupported tensor type {} in tensor {} (colibri-convert reads F32, F16, BF16, "
-                          "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K)",
-                          source_, info->name, tensor.name);
+        return make_error("{}: unsupported tensor type {} in tensor {} (colibri-convert reads {})", source_,
+                          info->name, tensor.name, readable_type_names());
   }
   return Status::Ok();
 }
