@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/logprobs.h"
 #include "runtime/sampler.h"
 
 namespace colibri::server {
@@ -79,6 +80,9 @@ struct GenerationRequest {
   std::optional<std::int64_t> top_k;
   std::optional<std::uint64_t> seed;
   std::vector<std::pair<std::int64_t, double>> logit_bias;  // token id, bias, as the client sent them
+  // Set: return each generated token's log-probability and this many most
+  // likely alternatives (completions' `logprobs`, chat's `top_logprobs`).
+  std::optional<std::int64_t> logprobs;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool parse_special = false;                         // completions: specials in the prompt
@@ -93,7 +97,11 @@ struct GenerationJobSpec {
   std::vector<std::string> stop;
   std::vector<std::int32_t> end_ids;  // ids that end the generation (EOS, end of turn)
   std::string request_id;             // as the transport logs it; names the request in [ROUTER] lines
+  std::int32_t logprobs = -1;         // -1: none; else alternatives per token (0..kMaxTopLogprobs)
 };
+
+// Most alternatives a request may ask for per token (OpenAI's chat limit).
+inline constexpr std::int32_t kMaxTopLogprobs = 20;
 
 // How a generation ended, in OpenAI's vocabulary where one exists.
 enum class Finish {
@@ -106,9 +114,18 @@ enum class Finish {
 };
 const char* finish_name(Finish finish);
 
+// One generated token's log-probability under the model's own distribution
+// (runtime/logprobs.h) and the most likely tokens at its position.
+struct TokenLogprob {
+  std::int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TopLogprob> top;
+};
+
 struct StreamChunk {
   std::string text;                  // valid UTF-8
   std::vector<std::int32_t> tokens;  // ids this chunk covers
+  std::vector<TokenLogprob> logprobs;  // one per token, when the request asked for them
 };
 
 struct StreamResult {

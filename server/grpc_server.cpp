@@ -69,6 +69,7 @@ void apply_options(const pb::SamplingOptions& o, GenerationRequest& r) {
   r.logit_bias.clear();
   for (const auto& [id, bias] : o.logit_bias()) r.logit_bias.emplace_back(id, static_cast<double>(bias));
   std::sort(r.logit_bias.begin(), r.logit_bias.end());
+  if (o.has_logprobs()) r.logprobs = o.logprobs();
 }
 
 }  // namespace
@@ -323,9 +324,22 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
         record.token_arrived();
         pb::GenerateChunk chunk;
         std::string text;
+        const Tokenizer& tokenizer = job.generation->model->tokenizer();
         for (const StreamChunk& piece : batch.chunks) {
           text += piece.text;
           chunk.mutable_token_ids()->Add(piece.tokens.begin(), piece.tokens.end());
+          for (const TokenLogprob& entry : piece.logprobs) {
+            pb::TokenLogprob* out = chunk.add_logprobs();
+            out->set_token_id(entry.token);
+            out->set_logprob(entry.logprob);
+            out->set_token(tokenizer.token_bytes(entry.token));
+            for (const TopLogprob& alternative : entry.top) {
+              pb::TopLogprob* top = out->add_top_logprobs();
+              top->set_token_id(alternative.token);
+              top->set_logprob(alternative.logprob);
+              top->set_token(tokenizer.token_bytes(alternative.token));
+            }
+          }
         }
         chunk.set_text(std::move(text));
         if (!write(chunk)) {

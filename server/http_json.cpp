@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -96,12 +97,6 @@ void refuse_unsupported(Fields& f) {
     f.fail("n", fmt::format("n = {} is not supported: this server returns exactly one choice (n = 1)", *n));
   if (auto best_of = f.integer("best_of"); best_of && *best_of != 1)
     f.fail("best_of", "best_of other than 1 is not supported");
-  if (f.get("logprobs") != nullptr) {
-    const json& v = *f.get("logprobs");
-    if (!(v.is_boolean() && !v.get<bool>()) && !(v.is_number_integer() && v.get<std::int64_t>() == 0))
-      f.fail("logprobs", "logprobs are not supported by this server");
-  }
-  if (auto top = f.integer("top_logprobs"); top && *top != 0) f.fail("top_logprobs", "top_logprobs are not supported");
   if (auto echo = f.boolean("echo"); echo && *echo) f.fail("echo", "echo is not supported");
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty()) f.fail("suffix", "suffix is not supported");
   for (const char* name : {"tools", "functions"})
@@ -111,6 +106,22 @@ void refuse_unsupported(Fields& f) {
     if (!format->is_object() || format->value("type", json()) != "text")
       f.fail("response_format", "response_format other than {\"type\": \"text\"} is not supported");
   }
+}
+
+// Completions ask with `logprobs: N` (N alternatives per token, 0 = the
+// chosen token's only); chat with `logprobs: true` and `top_logprobs: N`.
+// The count's range is the service's to check.
+void parse_logprobs(Fields& f, bool chat, std::optional<std::int64_t>& out) {
+  if (!chat) {
+    out = f.integer("logprobs");
+    if (f.get("top_logprobs") != nullptr)
+      f.fail("top_logprobs", "top_logprobs is a chat completions field; completions take logprobs: N");
+    return;
+  }
+  const bool wanted = f.boolean("logprobs").value_or(false);
+  const std::optional<std::int64_t> top = f.integer("top_logprobs");
+  if (top && !wanted) f.fail("top_logprobs", "top_logprobs needs logprobs: true");
+  if (wanted) out = top.value_or(0);
 }
 
 // OpenAI's shape: {"token id as a decimal string": bias}. Ranges are the
@@ -263,6 +274,7 @@ Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat)
   r.repetition_penalty = f.number("repetition_penalty");
   r.seed = f.unsigned_integer("seed");
   parse_logit_bias(f, r.logit_bias);
+  parse_logprobs(f, chat, r.logprobs);
   parse_stop(f, r.stop);
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   if (!chat) {
@@ -378,9 +390,69 @@ nlohmann::json usage_json(const StreamResult& result) {
           {"total_tokens", result.prompt_tokens + result.completion_tokens}};
 }
 
+namespace {
+
+double logprob_value(float logprob) { return std::isfinite(logprob) ? static_cast<double>(logprob) : -9999.0; }
+
+// Code points in UTF-8 bytes: every byte that does not continue a sequence.
+std::int64_t code_points(std::string_view bytes) {
+  return std::count_if(bytes.begin(), bytes.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+json byte_values(std::string_view bytes) {
+  json out = json::array();
+  for (char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<TokenLogprob>& entries, bool chat,
+                             std::int64_t& text_offset) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprob& entry : entries) {
+      const std::string bytes = token_bytes(entry.token);
+      json top = json::array();
+      for (const TopLogprob& alternative : entry.top) {
+        const std::string alt = token_bytes(alternative.token);
+        top.push_back({{"token", utf8_replace_invalid(alt)},
+                       {"logprob", logprob_value(alternative.logprob)},
+                       {"bytes", byte_values(alt)}});
+      }
+      content.push_back({{"token", utf8_replace_invalid(bytes)},
+                         {"logprob", logprob_value(entry.logprob)},
+                         {"bytes", byte_values(bytes)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  for (const TokenLogprob& entry : entries) {
+    const std::string bytes = token_bytes(entry.token);
+    tokens.push_back(utf8_replace_invalid(bytes));
+    token_logprobs.push_back(logprob_value(entry.logprob));
+    json top = json::object();
+    // Alternatives whose texts coincide (byte tokens shown as U+FFFD) keep
+    // the likelier one, which comes first.
+    for (const TopLogprob& alternative : entry.top) {
+      const std::string text = utf8_replace_invalid(token_bytes(alternative.token));
+      if (!top.contains(text)) top[text] = logprob_value(alternative.logprob);
+    }
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += code_points(bytes);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
 nlohmann::json completion_body(const ResponseIds& ids, const std::string& text,
-                               const std::vector<std::int32_t>* token_ids, const StreamResult& result) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason_json(result.finish)}, {"logprobs", nullptr}};
+                               const std::vector<std::int32_t>* token_ids, const StreamResult& result,
+                               nlohmann::json logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason_json(result.finish)}, {"logprobs", std::move(logprobs)}};
   if (ids.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
   else choice["text"] = text;
   if (token_ids != nullptr) choice["token_ids"] = *token_ids;
@@ -394,8 +466,8 @@ nlohmann::json completion_body(const ResponseIds& ids, const std::string& text,
 
 nlohmann::json stream_chunk(const ResponseIds& ids, const std::string& text,
                             const std::vector<std::int32_t>* token_ids, const nlohmann::json& finish_reason,
-                            bool role_chunk) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+                            bool role_chunk, nlohmann::json logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", std::move(logprobs)}};
   if (ids.chat) {
     json delta = json::object();
     if (role_chunk) delta = {{"role", "assistant"}, {"content", ""}};

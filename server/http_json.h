@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,13 +48,29 @@ ResponseIds new_response_ids(bool chat, std::string model);
 nlohmann::json finish_reason_json(Finish finish);
 nlohmann::json usage_json(const StreamResult& result);
 
+// logprobs: the choice's `logprobs` (logprobs_json), or null when not asked for.
 nlohmann::json completion_body(const ResponseIds& ids, const std::string& text,
-                               const std::vector<std::int32_t>* token_ids, const StreamResult& result);
+                               const std::vector<std::int32_t>* token_ids, const StreamResult& result,
+                               nlohmann::json logprobs = nullptr);
 // One SSE chunk's JSON: text delta (chat: first chunk carries the role) and,
 // on the last chunk, the finish reason.
 nlohmann::json stream_chunk(const ResponseIds& ids, const std::string& text,
                             const std::vector<std::int32_t>* token_ids, const nlohmann::json& finish_reason,
-                            bool role_chunk = false);
+                            bool role_chunk = false, nlohmann::json logprobs = nullptr);
+// A token id's bytes (Tokenizer::token_bytes); a parameter so this file, and
+// the request fuzzer built from it, need no tokenizer.
+using TokenBytes = std::function<std::string(std::int32_t)>;
+
+// OpenAI's `logprobs` object for some generated tokens, token texts from
+// `token_bytes` (partial UTF-8 as U+FFFD; chat also gives the raw bytes).
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob,
+// bytes}]}]}; completions: {tokens, token_logprobs, top_logprobs: [{text:
+// logprob}], text_offset}. text_offset counts code points of the generated
+// text from `text_offset`, which advances past these tokens. A log-probability
+// of -inf (a masked token) is written as -9999.0, as vLLM does: JSON has no infinity.
+nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<TokenLogprob>& entries, bool chat,
+                             std::int64_t& text_offset);
+
 // The usage-only chunk (stream_options.include_usage): empty choices.
 nlohmann::json usage_chunk(const ResponseIds& ids, const StreamResult& result);
 

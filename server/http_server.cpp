@@ -3,7 +3,9 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <regex>
 
 #include "connection_probe.h"
@@ -50,6 +52,12 @@ const HttpServer::RouteInfo* match_route(const std::string& method, const std::s
 }
 
 // Per-stream state shared by the content provider and its releaser.
+// Token texts from the tokenizer of the model the job runs on (a reload may
+// have swapped the served one since).
+TokenBytes token_bytes_of(const ActiveJob& job) {
+  return [model = job.generation->model](std::int32_t id) { return model->tokenizer().token_bytes(id); };
+}
+
 struct StreamState {
   ActiveJob job;
   std::shared_ptr<StreamChannel> channel;
@@ -58,6 +66,8 @@ struct StreamState {
   ResponseIds ids;
   bool include_usage = false;
   bool return_token_ids = false;
+  bool logprobs = false;
+  std::int64_t text_offset = 0;  // completions' logprobs.text_offset so far
   bool role_sent = false;
   std::chrono::milliseconds poll{100};
 };
@@ -92,12 +102,19 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
       // event; a fast client still gets one event per token.
       std::string text;
       std::vector<std::int32_t> tokens;
+      std::vector<TokenLogprob> logprobs;
       for (StreamChunk& chunk : batch.chunks) {
         text += chunk.text;
         tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+        std::move(chunk.logprobs.begin(), chunk.logprobs.end(), std::back_inserter(logprobs));
       }
-      if (!text.empty() || (state.return_token_ids && !tokens.empty())) {
-        if (!write(stream_chunk(state.ids, text, state.return_token_ids ? &tokens : nullptr, nullptr))) return false;
+      if (!text.empty() || (state.return_token_ids && !tokens.empty()) || !logprobs.empty()) {
+        json logprobs_value = nullptr;
+        if (state.logprobs && !logprobs.empty())
+          logprobs_value = logprobs_json(token_bytes_of(state.job), logprobs, state.ids.chat, state.text_offset);
+        if (!write(stream_chunk(state.ids, text, state.return_token_ids ? &tokens : nullptr, nullptr, false,
+                                std::move(logprobs_value))))
+          return false;
       }
     }
     if (batch.result) {
@@ -380,6 +397,7 @@ void HttpServer::install() {
       if (!parsed->stream) {
         std::string text;
         std::vector<std::int32_t> tokens;
+        std::vector<TokenLogprob> logprobs;
         for (;;) {
           StreamChannel::Batch batch = channel->wait(poll);
           if (auto damage = job.damage()) {
@@ -391,13 +409,20 @@ void HttpServer::install() {
           for (StreamChunk& chunk : batch.chunks) {
             text += chunk.text;
             tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+            std::move(chunk.logprobs.begin(), chunk.logprobs.end(), std::back_inserter(logprobs));
           }
           if (batch.result) {
             const StreamResult& result = *batch.result;
             record->take(result);
             if (result.error) return send_error(res, *result.error);
             if (result.finish == Finish::Cancelled) return send_error(res, ApiError::invalid("cancelled"));
-            return send_json(res, 200, completion_body(ids, text, parsed->return_token_ids ? &tokens : nullptr, result));
+            json logprobs_value = nullptr;
+            if (parsed->request.logprobs) {
+              std::int64_t offset = 0;
+              logprobs_value = logprobs_json(token_bytes_of(job), logprobs, ids.chat, offset);
+            }
+            return send_json(res, 200, completion_body(ids, text, parsed->return_token_ids ? &tokens : nullptr, result,
+                                                       std::move(logprobs_value)));
           }
           if (batch.chunks.empty() && probe.closed()) {
             channel->cancel();
@@ -416,6 +441,7 @@ void HttpServer::install() {
       state->ids = std::move(ids);
       state->include_usage = parsed->include_usage;
       state->return_token_ids = parsed->return_token_ids;
+      state->logprobs = parsed->request.logprobs.has_value();
       state->poll = poll;
       res.status = 200;
       res.set_header("Cache-Control", "no-cache");

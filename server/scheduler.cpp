@@ -27,6 +27,7 @@ struct Scheduler::Job {
   std::optional<StopStringMatcher> stops;
   std::vector<std::int32_t> history;  // prompt + generated, for the penalties
   std::vector<float> logits;          // predicting the next token
+  std::vector<float> raw_logits;      // logits before the sampler changed them (logprobs only)
   std::int32_t generated = 0;
   bool done = false;
 
@@ -245,6 +246,7 @@ void Scheduler::start_job(Job& job) {
   job.history.reserve(job.spec.prompt.size() + static_cast<std::size_t>(job.spec.max_tokens));
   job.history.assign(job.spec.prompt.begin(), job.spec.prompt.end());
   job.logits.resize(static_cast<std::size_t>(vocab));
+  if (job.spec.logprobs >= 0) job.raw_logits.resize(static_cast<std::size_t>(vocab));
   job.channel->mark_started();
   for (std::size_t i = 0; i < pool_.size(); ++i)
     if (pool_[i].get() == job.session) session_request_[i] = &job.spec.request_id;
@@ -263,6 +265,10 @@ std::size_t Scheduler::add_prefill(Job& job, std::size_t budget) {
 }
 
 void Scheduler::add_decode(Job& job) {
+  // The sampler adds logit_bias and penalties in place; logprobs describe the
+  // model's own distribution, so they are read from a copy taken first.
+  const bool logprobs = job.spec.logprobs >= 0;
+  if (logprobs) std::copy(job.logits.begin(), job.logits.end(), job.raw_logits.begin());
   const std::int32_t token = job.sampler->sample(job.logits, job.history);
   if (token == Sampler::kNoToken) {
     finish(job, Finish::Error,
@@ -286,7 +292,16 @@ void Scheduler::add_decode(Job& job) {
   job.history.push_back(token);
 
   auto step = job.stops->push(job.decoder->push(token));
-  if (!job.channel->push(StreamChunk{std::move(step.emit), {token}})) {
+  StreamChunk chunk{std::move(step.emit), {token}, {}};
+  if (logprobs) {
+    TokenLogprob& entry = chunk.logprobs.emplace_back();
+    entry.token = token;
+    entry.top.resize(static_cast<std::size_t>(job.spec.logprobs));
+    const TokenLogprobs read = read_logprobs(job.raw_logits, token, entry.top);
+    entry.logprob = read.chosen;
+    entry.top.resize(read.top_count);
+  }
+  if (!job.channel->push(std::move(chunk))) {
     finish(job, Finish::SlowClient,
            ApiError::invalid(fmt::format("the client did not read its stream fast enough ({} chunks "
                                          "buffered); the generation was cancelled",
@@ -339,7 +354,7 @@ void Scheduler::finish_with_flush(Job& job, Finish reason) {
   auto step = job.stops->push(job.decoder->flush());
   std::string tail = step.emit + (step.stopped ? std::string() : job.stops->flush());
   if (step.stopped) reason = Finish::Stop;
-  if (!tail.empty() && !job.channel->push(StreamChunk{std::move(tail), {}})) {
+  if (!tail.empty() && !job.channel->push(StreamChunk{std::move(tail), {}, {}})) {
     finish(job, Finish::SlowClient, ApiError::invalid("the client did not read its stream fast enough", "", "slow_client"));
     return;
   }

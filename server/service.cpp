@@ -264,6 +264,12 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
       return ApiError::invalid(fmt::format("logit_bias: the bias of token {} must be in [-100, 100], got {}", id, bias),
                                "logit_bias");
   }
+  if (request.logprobs && (*request.logprobs < 0 || *request.logprobs > kMaxTopLogprobs)) {
+    const char* name = request.chat ? "top_logprobs" : "logprobs";
+    return ApiError::invalid(fmt::format("{} must be between 0 and {} (alternatives per token), got {}", name,
+                                         kMaxTopLogprobs, *request.logprobs),
+                             name);
+  }
   if (request.stop.size() > static_cast<std::size_t>(config_.max_stop_strings))
     return ApiError::invalid(fmt::format("stop has {} strings; at most {} are allowed", request.stop.size(),
                                          config_.max_stop_strings),
@@ -325,6 +331,7 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
   Status valid = validate(s);
   if (!valid.ok()) return ApiError::invalid(valid.error().message);
   spec.stop = request.stop;
+  spec.logprobs = request.logprobs ? static_cast<std::int32_t>(*request.logprobs) : -1;
   if (!request.ignore_eos) {
     const Tokenizer& tokenizer = generation->model->tokenizer();
     if (auto id = tokenizer.eos_id()) spec.end_ids.push_back(*id);

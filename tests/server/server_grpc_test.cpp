@@ -37,6 +37,7 @@ class GrpcServerTest : public ::testing::Test {
     grpc::Status status;
     std::vector<std::int32_t> tokens;
     std::string text;
+    std::vector<pb::TokenLogprob> logprobs;
     pb::GenerateChunk last;
     int chunks = 0;
   };
@@ -47,6 +48,7 @@ class GrpcServerTest : public ::testing::Test {
       ++out.chunks;
       out.tokens.insert(out.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
       out.text += chunk.text();
+      out.logprobs.insert(out.logprobs.end(), chunk.logprobs().begin(), chunk.logprobs().end());
       out.last = chunk;
     }
     out.status = reader->Finish();
@@ -182,6 +184,55 @@ TEST_F(GrpcServerTest, LogitBiasAsOverHttp) {
   const grpc::Status status = read_all(stub_->Generate(ctx2.get(), too_strong)).status;
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("logit_bias"), std::string::npos) << status.error_message();
+}
+
+// The same numbers as HTTP's, with token ids and raw bytes beside them.
+TEST_F(GrpcServerTest, LogprobsAsOverHttp) {
+  const std::string prompt = "The quick brown fox";
+  auto http = http_post(server_->port(), "/v1/chat/completions",
+                        json{{"messages", {{{"role", "user"}, {"content", prompt}}}}, {"max_tokens", 6},
+                             {"logprobs", true}, {"top_logprobs", 3}, {"return_token_ids", true}});
+  ASSERT_EQ(http.status, 200) << http.body;
+  const json choice = http.json_body()["choices"][0];
+  const json& content = choice["logprobs"]["content"];
+  const auto ids = choice["token_ids"].get<std::vector<std::int32_t>>();
+
+  pb::ChatRequest request;
+  auto* message = request.add_messages();
+  message->set_role("user");
+  message->set_content(prompt);
+  request.mutable_options()->set_max_tokens(6);
+  request.mutable_options()->set_logprobs(3);
+  auto ctx = context();
+  Streamed out = read_all(stub_->Chat(ctx.get(), request));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.tokens, ids);
+  ASSERT_EQ(out.logprobs.size(), ids.size());
+  ASSERT_EQ(content.size(), ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const pb::TokenLogprob& entry = out.logprobs[i];
+    EXPECT_EQ(entry.token_id(), ids[i]);
+    EXPECT_FLOAT_EQ(entry.logprob(), content[i]["logprob"].get<float>());
+    const auto bytes = content[i]["bytes"].get<std::vector<int>>();
+    EXPECT_EQ(entry.token(), std::string(bytes.begin(), bytes.end()));
+    ASSERT_EQ(entry.top_logprobs_size(), 3);
+    for (int k = 0; k < 3; ++k)
+      EXPECT_FLOAT_EQ(entry.top_logprobs(k).logprob(), content[i]["top_logprobs"][k]["logprob"].get<float>());
+  }
+
+  // Without the option no chunk carries any.
+  request.mutable_options()->clear_logprobs();
+  auto ctx2 = context();
+  Streamed plain = read_all(stub_->Chat(ctx2.get(), request));
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  EXPECT_EQ(plain.tokens, ids);
+  EXPECT_TRUE(plain.logprobs.empty());
+
+  request.mutable_options()->set_logprobs(21);
+  auto ctx3 = context();
+  const grpc::Status status = read_all(stub_->Chat(ctx3.get(), request)).status;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("between 0 and 20"), std::string::npos) << status.error_message();
 }
 
 TEST_F(GrpcServerTest, ErrorsMapToGrpcCodes) {

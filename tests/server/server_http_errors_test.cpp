@@ -171,12 +171,32 @@ TEST_F(BadInputTest, InvalidUtf8InThePrompt) {
 TEST_F(BadInputTest, UnsupportedOptionsAreRefusedByName) {
   expect_error("/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n");
   expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "n");
-  expect_error("/v1/completions", R"({"prompt": "x", "logprobs": 5})", 400, "logprobs");
   expect_error("/v1/completions", R"({"prompt": "x", "echo": true})", 400, "echo");
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})", 400, "tools");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": [""]})", 400, "stop");
   EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "n": 1, "max_tokens": 2, "user": "u"})")).status, 200);
+}
+
+TEST_F(BadInputTest, LogprobsOutOfShapeOrRange) {
+  auto message = [](const json& error) { return error["message"].get<std::string>(); };
+  auto e = expect_error("/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400, "logprobs");
+  EXPECT_NE(message(e).find("between 0 and 20"), std::string::npos) << e;
+  EXPECT_NE(message(e).find("21"), std::string::npos) << e;
+  expect_error("/v1/completions", R"({"prompt": "x", "logprobs": -1})", 400, "logprobs");
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logprobs": true})", 400, "logprobs");
+  EXPECT_NE(message(e).find("an integer"), std::string::npos) << e;
+  e = expect_error("/v1/completions", R"({"prompt": "x", "top_logprobs": 2})", 400, "top_logprobs");
+  EXPECT_NE(message(e).find("logprobs: N"), std::string::npos) << e;
+  const std::string chat = R"({"messages": [{"role": "user", "content": "x"}], )";
+  e = expect_error("/v1/chat/completions", chat + R"("top_logprobs": 2})", 400, "top_logprobs");
+  EXPECT_NE(message(e).find("logprobs: true"), std::string::npos) << e;
+  expect_error("/v1/chat/completions", chat + R"("logprobs": true, "top_logprobs": 30})", 400, "top_logprobs");
+  e = expect_error("/v1/chat/completions", chat + R"("logprobs": 3})", 400, "logprobs");
+  EXPECT_NE(message(e).find("true or false"), std::string::npos) << e;
+  // Explicit "off" values are accepted.
+  EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "max_tokens": 1, "logprobs": null})")).status, 200);
+  EXPECT_EQ(http_post(port(), "/v1/chat/completions", chat + R"("max_tokens": 1, "logprobs": false})").status, 200);
 }
 
 TEST_F(BadInputTest, LogitBiasOutOfShapeOrRange) {

@@ -11,7 +11,9 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -186,6 +188,121 @@ TEST_F(HttpServerTest, LogitBiasForcesAndBansTokens) {
                          json{{"prompt", ids}, {"max_tokens", 4}, {"return_token_ids", true}, {"logit_bias", json::object()}});
   ASSERT_EQ(plain.status, 200) << plain.body;
   EXPECT_EQ(plain.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>(), greedy.tokens);
+}
+
+// The model's log-softmax at each position, (log-probability, id) most
+// likely first, ties by id: the definition, in double.
+std::vector<std::pair<double, std::int32_t>> ranked_logprobs(std::span<const float> logits) {
+  const double max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - max);
+  std::vector<std::pair<double, std::int32_t>> ranked;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    ranked.emplace_back(static_cast<double>(logits[i]) - max - std::log(sum), static_cast<std::int32_t>(i));
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return ranked;
+}
+
+std::int64_t code_points(const std::string& bytes) {
+  return std::count_if(bytes.begin(), bytes.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+// logprobs are the model's own distribution at each position, whatever the
+// sampler did with it: checked against the engine's logits replayed here, for
+// greedy decoding (the chosen token is then the most likely) and for sampling
+// with a temperature, penalties and a logit_bias that forces one token.
+TEST_F(HttpServerTest, CompletionLogprobsAreTheModelsLogSoftmax) {
+  const std::vector<std::int32_t> ids = {39, 68, 423, 78, 278, 260, 75, 67};
+  constexpr int kSteps = 6, kTop = 4;
+  const json greedy = {{"prompt", ids}, {"max_tokens", kSteps}, {"ignore_eos", true}, {"return_token_ids", true},
+                       {"logprobs", kTop}};
+  json sampled = greedy;
+  sampled["temperature"] = 1.3;
+  sampled["seed"] = 11;
+  sampled["presence_penalty"] = 1.5;
+  sampled["logit_bias"] = {{"300", 100}};
+  for (const json& request : {greedy, sampled}) {
+    const bool is_greedy = !request.contains("temperature");
+    auto res = http_post(port(), "/v1/completions", request);
+    ASSERT_EQ(res.status, 200) << res.body;
+    const json choice = res.json_body()["choices"][0];
+    const auto tokens = choice["token_ids"].get<std::vector<std::int32_t>>();
+    const json& lp = choice["logprobs"];
+    ASSERT_EQ(tokens.size(), static_cast<std::size_t>(kSteps));
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      ASSERT_EQ(lp[key].size(), tokens.size()) << key << " " << lp;
+    if (!is_greedy) EXPECT_EQ(tokens, std::vector<std::int32_t>(kSteps, 300));
+
+    Session session(model_, 4096);
+    auto first = session.prefill(ids);
+    ASSERT_TRUE(first.ok());
+    std::vector<float> logits(first->begin(), first->end());
+    std::int64_t offset = 0;
+    for (int i = 0; i < kSteps; ++i) {
+      const auto ranked = ranked_logprobs(logits);
+      const std::int32_t token = tokens[static_cast<std::size_t>(i)];
+      if (is_greedy) EXPECT_EQ(token, ranked[0].second) << "step " << i;
+      const double expected = static_cast<double>(logits[static_cast<std::size_t>(token)]) - logits[static_cast<std::size_t>(ranked[0].second)] + ranked[0].first;
+      EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), expected, 1e-4) << "step " << i;
+      const std::string bytes = model_->tokenizer().token_bytes(token);
+      EXPECT_EQ(lp["tokens"][i], server::utf8_replace_invalid(bytes));
+      EXPECT_EQ(lp["text_offset"][i], offset);
+      offset += code_points(bytes);
+      const json& top = lp["top_logprobs"][i];
+      EXPECT_LE(top.size(), static_cast<std::size_t>(kTop));
+      for (int k = 0; k < kTop; ++k) {
+        const std::string text = server::utf8_replace_invalid(model_->tokenizer().token_bytes(ranked[k].second));
+        ASSERT_TRUE(top.contains(text)) << "rank " << k << " '" << text << "' in " << top;
+        // Texts shared by several ids keep the likelier one.
+        EXPECT_GE(top[text].get<double>(), ranked[k].first - 1e-4);
+      }
+      auto next = session.decode(token);
+      ASSERT_TRUE(next.ok());
+      logits.assign(next->begin(), next->end());
+    }
+  }
+  // Without logprobs the field stays null.
+  auto plain = http_post(port(), "/v1/completions", json{{"prompt", ids}, {"max_tokens", 2}});
+  ASSERT_EQ(plain.status, 200);
+  EXPECT_TRUE(plain.json_body()["choices"][0]["logprobs"].is_null());
+}
+
+// Chat's shape (content entries with bytes), the same in a stream as in one
+// body; the entries' bytes make up the text.
+TEST_F(HttpServerTest, ChatLogprobsStreamingAndNot) {
+  const json request = {{"messages", {{{"role", "user"}, {"content", "Name three colours."}}}},
+                        {"max_tokens", 12}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto whole = http_post(port(), "/v1/chat/completions", request);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json choice = whole.json_body()["choices"][0];
+  const json content = choice["logprobs"]["content"];
+  ASSERT_FALSE(content.empty());
+  std::string joined;
+  for (const json& entry : content) {
+    const auto bytes = entry["bytes"].get<std::vector<int>>();
+    const std::string raw(bytes.begin(), bytes.end());
+    joined += raw;
+    EXPECT_EQ(entry["token"], server::utf8_replace_invalid(raw));
+    EXPECT_LE(entry["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(entry["top_logprobs"].size(), 2u);
+    EXPECT_GE(entry["top_logprobs"][0]["logprob"].get<double>(), entry["top_logprobs"][1]["logprob"].get<double>());
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(entry["top_logprobs"][0]["bytes"], entry["bytes"]);
+    EXPECT_DOUBLE_EQ(entry["top_logprobs"][0]["logprob"].get<double>(), entry["logprob"].get<double>());
+  }
+  EXPECT_EQ(server::utf8_replace_invalid(joined), choice["message"]["content"].get<std::string>());
+
+  json streamed_request = request;
+  streamed_request["stream"] = true;
+  auto stream = http_stream(port(), "/v1/chat/completions", streamed_request);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  json streamed = json::array();
+  for (const json& event : stream.events) {
+    const json& lp = event["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const json& entry : lp["content"]) streamed.push_back(entry);
+  }
+  EXPECT_EQ(streamed, content);
 }
 
 TEST_F(HttpServerTest, StreamEqualsNonStream) {

@@ -1,5 +1,7 @@
 #include "runtime/sampler.h"
 
+#include "runtime/logprobs.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -596,6 +598,118 @@ TEST(SamplerValidate, ErrorStatesRangeAndValue) {
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.error().message.find("(0, 1]"), std::string::npos) << status.error().message;
   EXPECT_NE(status.error().message.find("1.5"), std::string::npos) << status.error().message;
+}
+
+// ---- logprobs: the model's own distribution, the reference is the definition
+// (softmax in long double, a full sort).
+
+std::vector<std::pair<long double, std::int32_t>> reference_logprobs(const std::vector<float>& logits) {
+  long double max = -INFINITY;
+  for (float v : logits)
+    if (!std::isnan(v)) max = std::max<long double>(max, v);
+  long double sum = 0;
+  for (float v : logits)
+    if (!std::isnan(v)) sum += std::exp(static_cast<long double>(v) - max);
+  std::vector<std::pair<long double, std::int32_t>> out;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    if (!std::isnan(logits[i]))
+      out.emplace_back(static_cast<long double>(logits[i]) - max - std::log(sum), static_cast<std::int32_t>(i));
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// read_logprobs on a copy (it overwrites its row).
+TokenLogprobs read_copy(std::vector<float> logits, std::int32_t chosen, std::vector<TopLogprob>& top) {
+  return read_logprobs(logits, chosen, top);
+}
+
+TEST(Logprobs, AgreeWithTheDefinitionOnRandomRows) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    // Lengths around the 16-logit blocks, and vocabulary-sized ones.
+    const std::size_t vocab = trial < 20 ? 1 + static_cast<std::size_t>(trial) * 3 : 1 + rng() % 60000;
+    std::normal_distribution<float> normal(0.0f, 1.0f + static_cast<float>(trial % 10));
+    std::vector<float> logits(vocab);
+    for (float& v : logits) v = normal(rng);
+    // Ties on purpose: equal logits must come out in id order.
+    if (vocab > 10) logits[vocab - 1] = logits[3];
+    if (vocab > 40) logits[vocab / 2] = -std::numeric_limits<float>::infinity();  // a masked token
+    const auto expected = reference_logprobs(logits);
+    std::vector<TopLogprob> top(rng() % 26);
+    const std::int32_t chosen = static_cast<std::int32_t>(rng() % vocab);
+    const TokenLogprobs got = read_copy(logits, chosen, top);
+    ASSERT_EQ(got.top_count, std::min(top.size(), vocab)) << "trial " << trial;
+    for (std::size_t k = 0; k < got.top_count; ++k) {
+      EXPECT_EQ(top[k].token, expected[k].second) << "trial " << trial << " rank " << k;
+      EXPECT_NEAR(top[k].logprob, static_cast<double>(expected[k].first), 1e-5) << "trial " << trial << " rank " << k;
+    }
+    const auto it = std::find_if(expected.begin(), expected.end(), [&](const auto& e) { return e.second == chosen; });
+    if (std::isinf(it->first)) EXPECT_EQ(got.chosen, -std::numeric_limits<float>::infinity());
+    else EXPECT_NEAR(got.chosen, static_cast<double>(it->first), 1e-5) << "trial " << trial;
+  }
+}
+
+TEST(Logprobs, LargeLogitsDoNotOverflowAndProbabilitiesSumToOne) {
+  const std::vector<float> logits = {1000.0f, 999.0f, -1000.0f, 998.5f};
+  double mass = 0;
+  std::vector<TopLogprob> none;
+  for (std::int32_t id = 0; id < 4; ++id) {
+    const float lp = read_copy(logits, id, none).chosen;
+    EXPECT_LE(lp, 0.0f);
+    EXPECT_TRUE(std::isfinite(lp)) << id;
+    mass += std::exp(static_cast<double>(lp));
+  }
+  EXPECT_NEAR(mass, 1.0, 1e-6);
+  EXPECT_NEAR(read_copy(logits, 0, none).chosen, -std::log(1.0 + std::exp(-1.0) + std::exp(-1.5)), 1e-6);
+  EXPECT_NEAR(read_copy(logits, 2, none).chosen, -2000.0 - std::log(1.0 + std::exp(-1.0) + std::exp(-1.5)), 1e-3);
+}
+
+TEST(Logprobs, NonFiniteLogitsFollowTheSamplersRules) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // NaN is no token and never ranks; -inf ranks last with log-probability -inf.
+  std::vector<float> masked(40, -inf);
+  masked[0] = nan;
+  masked[1] = 2.0f;
+  masked[3] = 2.0f;
+  masked[37] = nan;
+  std::vector<TopLogprob> top(4);
+  TokenLogprobs got = read_copy(masked, 0, top);
+  EXPECT_EQ(got.chosen, -inf);
+  ASSERT_EQ(got.top_count, 4u);
+  EXPECT_EQ(top[0].token, 1);
+  EXPECT_NEAR(top[0].logprob, -std::log(2.0), 1e-6);
+  EXPECT_EQ(top[1].token, 3);
+  EXPECT_EQ(top[2].token, 2);
+  EXPECT_EQ(top[2].logprob, -inf);
+  EXPECT_EQ(top[3].token, 4);
+  EXPECT_NEAR(read_copy(masked, 3, top).chosen, -std::log(2.0), 1e-6);
+  // +inf tokens share the mass.
+  const std::vector<float> forced = {0.0f, inf, 5.0f, inf, inf};
+  EXPECT_NEAR(read_copy(forced, 1, top).chosen, -std::log(3.0), 1e-6);
+  EXPECT_EQ(read_copy(forced, 2, top).chosen, -inf);
+  // Nothing selectable, and ids outside the row.
+  const std::vector<float> none = {nan, -inf};
+  EXPECT_EQ(read_copy(none, 1, top).chosen, -inf);
+  EXPECT_EQ(read_copy(none, 7, top).chosen, -inf);
+  EXPECT_EQ(read_copy(none, -1, top).chosen, -inf);
+  EXPECT_EQ(read_copy(none, 1, top).top_count, 1u);
+}
+
+TEST(Logprobs, ReadingDoesNotAllocate) {
+  std::vector<float> logits(50000);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (float& v : logits) v = normal(rng);
+  std::vector<TopLogprob> top(20);
+  // The first call picks the kernels' implementation (once per process).
+  std::vector<float> warm = logits;
+  read_logprobs(warm, 5, top);
+  g_allocations = 0;
+  g_counting = true;
+  const TokenLogprobs got = read_logprobs(logits, 5, top);
+  g_counting = false;
+  EXPECT_EQ(got.top_count, 20u);
+  EXPECT_EQ(g_allocations.load(), 0);
 }
 
 }  // namespace
