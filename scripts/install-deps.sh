@@ -41,9 +41,25 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Node.js only regenerates tokenizer expectations (tests/tokenizer/gen); the test
-# suite itself never runs it. Machines of this kind ship node+npm already; Debian's
-# npm conflicts with that build, so only install Debian's when neither exists.
-if ! command -v node >/dev/null 2>&1; then
-  echo "install-deps: node not found; tokenizer expectation regeneration will be unavailable"
+# Node.js runs the official OpenAI client against the server
+# (tests/scripts/openai_node_client.sh) and regenerates tokenizer expectations
+# (tests/tokenizer/gen). Machines of this kind ship node+npm already; Debian's
+# npm conflicts with that build, so Debian's is installed only when there is none.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "install-deps: installing nodejs npm"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+
+# The OpenAI client at the version package-lock.json pins, from the npm
+# registry, only when it is not there already.
+client_dir=$(cd "$(dirname "$0")/.." && pwd)/tests/clients/openai-node
+wanted=$(sed -n '/"node_modules\/openai"/,/"version"/s/.*"version": "\(.*\)".*/\1/p' "$client_dir/package-lock.json")
+installed=$(sed -n 's/^  "version": "\(.*\)".*/\1/p' "$client_dir/node_modules/openai/package.json" 2>/dev/null || true)
+if [[ $installed != "$wanted" ]]; then
+  echo "install-deps: installing the openai $wanted npm package into tests/clients/openai-node"
+  (cd "$client_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
