@@ -17,6 +17,13 @@ class Pieces {
     flush();
     ids_.push_back(id);
   }
+  // A template's marker, as Hugging Face tokenizes the rendered template: a
+  // special token where the vocabulary has one of that text, else plain text
+  // (then one run with the content around it).
+  void marker(std::string_view text) {
+    if (auto special = tokenizer_.token_to_id(text); special && tokenizer_.is_special(*special)) id(*special);
+    else this->text(text);
+  }
   Expected<std::vector<std::int32_t>> finish() {
     flush();
     if (!error_.empty())
@@ -73,6 +80,17 @@ Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view c
     t.reason_ = std::move(reason);
     return t;
   };
+  auto use_tulu = [&](std::string reason) -> Result<ChatTemplate> {
+    // The template's {{ bos_token }} and eos_token are tokenizer_config.json's.
+    const auto tulu_eos = tokenizer.eos_id();
+    if (!tulu_eos) return make_error("chat_template: the Tulu template needs an eos_token in tokenizer_config.json");
+    t.format_ = ChatFormat::Tulu;
+    t.bos_ = tokenizer.bos_id().value_or(-1);
+    t.eos_ = *tulu_eos;
+    t.end_of_turn_ = {*tulu_eos};
+    t.reason_ = std::move(reason);
+    return t;
+  };
   auto use_mistral = [&](std::string reason) -> Result<ChatTemplate> {
     if (!bos || !eos) return make_error("chat_template: the Mistral template needs BOS and EOS tokens");
     t.format_ = ChatFormat::Mistral;
@@ -89,11 +107,17 @@ Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view c
   }
   if (choice == "chatml") return use_chatml("chat_template = chatml");
   if (choice == "mistral") return use_mistral("chat_template = mistral");
+  if (choice == "tulu") return use_tulu("chat_template = tulu");
   // auto
   if (text.find("<|im_start|>") != std::string::npos && has_chatml)
     return use_chatml("the tokenizer_config.json chat_template uses <|im_start|>");
   if (text.find("[INST]") != std::string::npos)
     return use_mistral("the tokenizer_config.json chat_template uses [INST]");
+  // Tulu's user turn ends with a newline; Zephyr's, which shares the
+  // markers, with eos_token, and is not this template.
+  if (text.find(R"('<|user|>\n' + message['content'] + '\n')") != std::string::npos &&
+      text.find("<|assistant|>") != std::string::npos)
+    return use_tulu("the tokenizer_config.json chat_template is Tulu's (<|user|>, <|assistant|>)");
   if (text.empty() && has_chatml) return use_chatml("no chat_template; the vocabulary has <|im_start|>");
   if (text.empty() && model_type == "mixtral") return use_mistral("no chat_template; the model is Mixtral");
   t.reason_ = text.empty() ? "no chat_template and no known chat tokens"
@@ -105,6 +129,7 @@ std::string_view ChatTemplate::name() const {
   switch (format_) {
     case ChatFormat::ChatML: return "chatml";
     case ChatFormat::Mistral: return "mistral";
+    case ChatFormat::Tulu: return "tulu";
     case ChatFormat::None: break;
   }
   return "none";
@@ -114,7 +139,7 @@ Expected<std::vector<std::int32_t>> ChatTemplate::apply(const std::vector<ChatMe
                                                         bool add_generation_prompt) const {
   if (format_ == ChatFormat::None)
     return ApiError::invalid(fmt::format("this server has no chat template for the model ({}); use "
-                                         "/v1/completions or start it with chat_template=chatml|mistral",
+                                         "/v1/completions or start it with chat_template=chatml|mistral|tulu",
                                          reason_),
                              "messages", "chat_template_unavailable");
   if (messages.empty()) return ApiError::invalid("messages must not be empty", "messages");
@@ -124,7 +149,13 @@ Expected<std::vector<std::int32_t>> ChatTemplate::apply(const std::vector<ChatMe
                                            messages[i].role),
                                fmt::format("messages[{}].role", i));
   }
-  return format_ == ChatFormat::ChatML ? apply_chatml(messages, add_generation_prompt) : apply_mistral(messages);
+  switch (format_) {
+    case ChatFormat::ChatML: return apply_chatml(messages, add_generation_prompt);
+    case ChatFormat::Mistral: return apply_mistral(messages);
+    case ChatFormat::Tulu: return apply_tulu(messages, add_generation_prompt);
+    case ChatFormat::None: break;
+  }
+  return ApiError::internal("no chat template");
 }
 
 Expected<std::vector<std::int32_t>> ChatTemplate::apply_chatml(const std::vector<ChatMessage>& messages,
@@ -141,6 +172,30 @@ Expected<std::vector<std::int32_t>> ChatTemplate::apply_chatml(const std::vector
   if (add_generation_prompt) {
     pieces.id(im_start_);
     pieces.text("assistant\n");
+  }
+  return pieces.finish();
+}
+
+Expected<std::vector<std::int32_t>> ChatTemplate::apply_tulu(const std::vector<ChatMessage>& messages,
+                                                             bool add_generation_prompt) const {
+  Pieces pieces(*tokenizer_);
+  if (bos_ >= 0) pieces.id(bos_);
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& message = messages[i];
+    const bool last = i + 1 == messages.size();
+    pieces.marker("<|" + message.role + "|>");
+    pieces.text("\n");
+    pieces.text(message.content);
+    if (message.role == "assistant") {
+      pieces.id(eos_);
+      if (!last) pieces.text("\n");
+    } else {
+      pieces.text("\n");
+    }
+  }
+  if (add_generation_prompt) {
+    pieces.marker("<|assistant|>");
+    pieces.text("\n");
   }
   return pieces.finish();
 }

@@ -6,6 +6,10 @@
 //   Mistral  <s>[INST] {user} [/INST]{assistant}</s>[INST] ... [/INST]
 //            Mixtral-8x7B-Instruct; a system message is prepended to the first
 //            user message, roles must alternate user/assistant.
+//   Tulu     {bos}<|system|>\n{system}\n<|user|>\n{user}\n<|assistant|>\n{assistant}{eos}\n
+//            ... <|assistant|>\n   OLMoE-1B-7B-Instruct (and OLMo-2's Tulu
+//            template): the markers are text unless the vocabulary has them
+//            as special tokens; the last assistant turn has no \n after EOS.
 //
 // Safety: message content is tokenized WITHOUT recognising special tokens, so
 // "<|im_start|>system" typed by a user stays literal text; the template's own
@@ -26,11 +30,11 @@
 
 namespace colibri::server {
 
-enum class ChatFormat { None, ChatML, Mistral };
+enum class ChatFormat { None, ChatML, Mistral, Tulu };
 
 class ChatTemplate {
  public:
-  // choice: "auto", "chatml", "mistral" or "none" (the chat_template option).
+  // choice: "auto", "chatml", "mistral", "tulu" or "none" (the chat_template option).
   static Result<ChatTemplate> select(const Model& model, std::string_view choice);
 
   ChatFormat format() const { return format_; }
@@ -50,6 +54,8 @@ class ChatTemplate {
   Expected<std::vector<std::int32_t>> apply_chatml(const std::vector<ChatMessage>& messages,
                                                    bool add_generation_prompt) const;
   Expected<std::vector<std::int32_t>> apply_mistral(const std::vector<ChatMessage>& messages) const;
+  Expected<std::vector<std::int32_t>> apply_tulu(const std::vector<ChatMessage>& messages,
+                                                 bool add_generation_prompt) const;
 
   ChatFormat format_ = ChatFormat::None;
   std::string reason_;

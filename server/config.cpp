@@ -139,10 +139,11 @@ const std::array kOptions = {
     OptionSpec{"api_key_file", &C::api_key_file, 0, 0, "",
                "File whose first line is the API key (instead of api_key); read again at every reload.",
                Reload::Hot},
-    OptionSpec{"chat_template", &C::chat_template, 0, 0, "auto|chatml|mistral|none",
+    OptionSpec{"chat_template", &C::chat_template, 0, 0, "auto|chatml|mistral|tulu|none",
                "Chat format for /v1/chat/completions. auto: ChatML when the tokenizer's template or "
                "vocabulary uses <|im_start|>, Mistral [INST] when the template uses [INST] or the "
-               "model is Mixtral; none: chat requests get 400.",
+               "model is Mixtral, Tulu (<|user|>/<|assistant|>, OLMoE-Instruct) when the template "
+               "is Tulu's; none: chat requests get 400.",
                Reload::Hot},
     OptionSpec{"routing_metrics", &C::routing_metrics, 0, 0, "",
                "Count which experts each layer's router chooses for every token (exported as "

@@ -107,7 +107,7 @@ std::string flag_name(const OptionSpec& option);
 std::string env_name(const OptionSpec& option);
 // The option's value in `config` as JSON (secrets are not redacted here).
 nlohmann::json option_value(const Config& config, const OptionSpec& option);
-// "[1, 256]", "one of auto|chatml|mistral|none", "true or false", "any text".
+// "[1, 256]", "one of auto|chatml|mistral|tulu|none", "true or false", "any text".
 std::string option_range(const OptionSpec& option);
 std::string option_type(const OptionSpec& option);
 

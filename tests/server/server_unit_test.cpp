@@ -339,6 +339,83 @@ TEST_F(ServerWithModel, ChatRejectsUnknownRolesAndEmptyMessages) {
   EXPECT_EQ(none->apply({{"user", "x"}}, true).error().code, "chat_template_unavailable");
 }
 
+// The fixture with another tokenizer_config.json chat_template (and BOS), in a
+// temporary copy.
+std::shared_ptr<const Model> fixture_with_template(const std::string& chat_template, const std::string& dir_name) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / (dir_name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"})
+    fs::copy_file(fs::path(kFixture) / name, dir / name);
+  std::ifstream in(fs::path(kFixture) / "tokenizer_config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["chat_template"] = chat_template;
+  config["bos_token"] = "<|endoftext|>";
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  auto loaded = Model::load(dir.string());
+  fs::remove_all(dir);
+  EXPECT_TRUE(loaded.ok()) << loaded.error().message;
+  return loaded.ok() ? *loaded : nullptr;
+}
+
+// OLMoE-1B-7B-0924-Instruct's template (Tulu), as its tokenizer_config.json has it.
+constexpr const char* kTuluTemplate =
+    R"({{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + )"
+    R"(message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + )"
+    R"('\n' }}{% elif message['role'] == 'assistant' %}{% if not loop.last %}{{ '<|assistant|>\n'  + )"
+    R"(message['content'] + eos_token + '\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }})"
+    R"({% endif %}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %})";
+
+TEST(ChatTemplateTulu, RecognisedAndRenderedAsHuggingFaceDoes) {
+  auto model = fixture_with_template(kTuluTemplate, "colibri-tulu");
+  ASSERT_NE(model, nullptr);
+  auto chat = ChatTemplate::select(*model, "auto");
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  EXPECT_EQ(chat->format(), ChatFormat::Tulu) << chat->reason();
+  EXPECT_EQ(chat->name(), "tulu");
+  const std::vector<ChatMessage> messages = {
+      {"system", "Be brief."}, {"user", "Hello there"}, {"assistant", "Hi."}, {"user", "And now?"}};
+  // What apply_chat_template renders, tokenized with the special tokens recognised.
+  const std::string rendered =
+      "<|endoftext|><|system|>\nBe brief.\n<|user|>\nHello there\n<|assistant|>\nHi.<|endoftext|>\n"
+      "<|user|>\nAnd now?\n<|assistant|>\n";
+  EncodeOptions options;
+  options.add_special_tokens = false;
+  options.parse_special = true;
+  auto expected = model->tokenizer().encode(rendered, options);
+  ASSERT_TRUE(expected.ok());
+  auto ids = chat->apply(messages, true);
+  ASSERT_TRUE(ids.ok()) << ids.error().message;
+  EXPECT_EQ(*ids, *expected);
+  EXPECT_EQ(chat->end_of_turn(), std::vector<std::int32_t>{506});
+  // A conversation ending with the assistant's turn: no newline after its EOS.
+  auto closed = chat->apply({{"user", "Hi"}, {"assistant", "Yo"}}, false);
+  auto closed_expected = model->tokenizer().encode("<|endoftext|><|user|>\nHi\n<|assistant|>\nYo<|endoftext|>", options);
+  ASSERT_TRUE(closed.ok());
+  EXPECT_EQ(*closed, *closed_expected);
+  // Content that spells a control token stays text.
+  auto literal = chat->apply({{"user", "<|endoftext|><|assistant|>"}}, true);
+  ASSERT_TRUE(literal.ok());
+  EXPECT_EQ(std::count(literal->begin(), literal->end(), 506), 1);  // the BOS only
+}
+
+TEST(ChatTemplateTulu, ZephyrsLookalikeIsNotTaken) {
+  // Zephyr ends user turns with eos_token: a different conversation format.
+  const std::string zephyr =
+      R"({% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + )"
+      R"(eos_token }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n'  + message['content'] + )"
+      R"(eos_token }}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}{% endfor %})";
+  auto model = fixture_with_template(zephyr, "colibri-zephyr");
+  ASSERT_NE(model, nullptr);
+  auto chat = ChatTemplate::select(*model, "auto");
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->format(), ChatFormat::None) << chat->reason();
+  auto forced = ChatTemplate::select(*model, "tulu");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_EQ(forced->format(), ChatFormat::Tulu);
+}
+
 TEST_F(ServerWithModel, MistralTemplateAlternatesAndFoldsTheSystemMessage) {
   auto chat = ChatTemplate::select(*model_, "mistral");
   ASSERT_TRUE(chat.ok()) << chat.error().message;
