@@ -100,8 +100,6 @@ struct GenerationJobSpec {
   std::int32_t logprobs = -1;         // -1: none; else alternatives per token (0..kMaxTopLogprobs)
 };
 
-// Most alternatives a request may ask for per token (OpenAI's chat limit).
-inline constexpr std::int32_t kMaxTopLogprobs = 20;
 
 // How a generation ended, in OpenAI's vocabulary where one exists.
 enum class Finish {

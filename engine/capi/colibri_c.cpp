@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -189,8 +190,16 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
 
   colibri_inference_params params = colibri_inference_params_default();
   if (params_in != nullptr) {
-    if (auto s = check_struct_size(function, "params", params_in); s != COLIBRI_OK) return s;
-    params = *params_in;
+    // The header before logit_bias and logprobs ended at logit_bias_tokens;
+    // such callers keep the defaults of the fields they do not have.
+    constexpr std::size_t kFirstLayout = offsetof(colibri_inference_params, logit_bias_tokens);
+    if (params_in->struct_size == kFirstLayout) {
+      std::memcpy(&params, params_in, kFirstLayout);
+      params.struct_size = sizeof params;
+    } else {
+      if (auto s = check_struct_size(function, "params", params_in); s != COLIBRI_OK) return s;
+      params = *params_in;
+    }
   }
   const Model& m = *model->model;
   const ModelConfig& config = m.config();
@@ -222,6 +231,24 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
   options.sampling.frequency_penalty = params.frequency_penalty;
   options.sampling.penalty_last_n = params.penalty_last_n;
   options.sampling.seed = params.seed;
+  if (params.n_logit_bias > 0 && (params.logit_bias_tokens == nullptr || params.logit_bias_values == nullptr))
+    return failf(function, COLIBRI_ERR_NULL_POINTER,
+                 "params->logit_bias_tokens and params->logit_bias_values must be set when n_logit_bias is {}",
+                 params.n_logit_bias);
+  if (params.n_logit_bias > kMaxLogitBias)
+    return failf(function, COLIBRI_ERR_INVALID_ARGUMENT, "params->n_logit_bias is {}; at most {} are allowed",
+                 params.n_logit_bias, kMaxLogitBias);
+  for (std::size_t i = 0; i < params.n_logit_bias; ++i) {
+    const std::int32_t id = params.logit_bias_tokens[i];
+    if (id < 0 || id >= config.vocab)
+      return failf(function, COLIBRI_ERR_OUT_OF_RANGE, "params->logit_bias_tokens[{}] = {} is outside the vocabulary [0, {})",
+                   i, id, config.vocab);
+    options.sampling.logit_bias.emplace_back(id, params.logit_bias_values[i]);
+  }
+  if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs)
+    return failf(function, COLIBRI_ERR_INVALID_ARGUMENT, "params->logprobs must be -1 (none) or 0 to {}, got {}",
+                 kMaxTopLogprobs, params.logprobs);
+  options.logprobs = params.logprobs;
   if (auto status = validate(options.sampling); !status.ok())
     return fail(function, COLIBRI_ERR_INVALID_ARGUMENT, status.error().message);
   options.ignore_eos = params.ignore_eos != 0;
@@ -291,8 +318,26 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     case FinishReason::ContextFull: result->finish_reason = COLIBRI_FINISH_CONTEXT_FULL; break;
     case FinishReason::Cancelled: result->finish_reason = COLIBRI_FINISH_CANCELLED; break;
   }
+  std::unique_ptr<float[]> token_logprobs;
+  std::unique_ptr<colibri_top_logprob[]> top_logprobs;
+  if (params.logprobs >= 0) {
+    const std::size_t n = output->tokens.size(), width = static_cast<std::size_t>(params.logprobs);
+    token_logprobs.reset(new float[std::max<std::size_t>(n, 1)]);
+    if (width > 0) top_logprobs.reset(new colibri_top_logprob[std::max<std::size_t>(n * width, 1)]);
+    for (std::size_t i = 0; i < n; ++i) {
+      const GeneratedLogprob& entry = output->logprobs[i];
+      token_logprobs[i] = entry.logprob;
+      for (std::size_t k = 0; k < width; ++k)
+        top_logprobs[i * width + k] = k < entry.top.size()
+                                          ? colibri_top_logprob{entry.top[k].token, entry.top[k].logprob}
+                                          : colibri_top_logprob{-1, -std::numeric_limits<float>::infinity()};
+    }
+    result->n_top_logprobs = params.logprobs;
+  }
   result->tokens = tokens.release();
   result->text = text.release();
+  result->token_logprobs = token_logprobs.release();
+  result->top_logprobs = top_logprobs.release();
   *out = result.release();
   return COLIBRI_OK;
 }
@@ -612,6 +657,10 @@ COLIBRI_API colibri_inference_params colibri_inference_params_default(void) {
   p.n_stop = 0;
   p.on_text = nullptr;
   p.user_data = nullptr;
+  p.logit_bias_tokens = nullptr;
+  p.logit_bias_values = nullptr;
+  p.n_logit_bias = 0;
+  p.logprobs = -1;
   return p;
 }
 
@@ -655,6 +704,8 @@ COLIBRI_API void colibri_free_result(colibri_result* result) {
   if (result == nullptr) return;
   delete[] result->tokens;
   delete[] result->text;
+  delete[] result->token_logprobs;
+  delete[] result->top_logprobs;
   delete result;
 }
 

@@ -26,6 +26,8 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
   if (options.max_tokens < 0)
     return make_error("max_tokens must be >= 0, got {}", options.max_tokens);
   COLIBRI_TRY(validate(options.sampling));
+  if (options.logprobs > kMaxTopLogprobs)
+    return make_error("logprobs must be at most {} alternatives per token, got {}", kMaxTopLogprobs, options.logprobs);
   const auto room = static_cast<std::size_t>(session.max_context() - session.position());
   if (prompt.size() > room)
     return make_error("the prompt has {} tokens but the context has room for {}", prompt.size(), room);
@@ -43,6 +45,8 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
 
   const std::int32_t vocab = model.config().vocab;
   std::vector<float> logits(static_cast<std::size_t>(vocab));
+  // The sampler changes `logits` in place; logprobs read a copy taken first.
+  std::vector<float> raw_logits(options.logprobs >= 0 ? static_cast<std::size_t>(vocab) : 0);
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   history.reserve(prompt.size() + static_cast<std::size_t>(options.max_tokens));
   Sampler sampler(options.sampling, vocab);
@@ -87,6 +91,7 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
   output.finish = FinishReason::Length;
   bool running = true;
   for (std::int32_t n = 0; n < options.max_tokens && running; ++n) {
+    if (options.logprobs >= 0) std::copy(logits.begin(), logits.end(), raw_logits.begin());
     std::int32_t token = sampler.sample(logits, history);
     if (token == Sampler::kNoToken)
       return make_error("no token can be sampled: every logit is NaN or -inf at position {}",
@@ -97,6 +102,13 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     }
     output.tokens.push_back(token);
     history.push_back(token);
+    if (options.logprobs >= 0) {
+      GeneratedLogprob& entry = output.logprobs.emplace_back();
+      entry.top.resize(static_cast<std::size_t>(options.logprobs));
+      const TokenLogprobs read = read_logprobs(raw_logits, token, entry.top);
+      entry.logprob = read.chosen;
+      entry.top.resize(read.top_count);
+    }
     running = deliver(detokenizer.push(token));
     if (!running) break;
     if (n + 1 == options.max_tokens) break;

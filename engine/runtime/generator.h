@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "runtime/logprobs.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -30,12 +31,21 @@ struct GenerateOptions {
   std::int32_t max_tokens = 256;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  // >= 0: report each generated token's log-probability and this many most
+  // likely alternatives (runtime/logprobs.h: the model's own distribution).
+  std::int32_t logprobs = -1;
+};
+
+struct GeneratedLogprob {
+  float logprob = 0.0f;
+  std::vector<TopLogprob> top;  // most likely first
 };
 
 struct GenerateOutput {
   std::vector<std::int32_t> tokens;  // generated ids (an end-of-sequence id is not included)
   std::string text;                  // what was streamed, stop string excluded
   FinishReason finish = FinishReason::Length;
+  std::vector<GeneratedLogprob> logprobs;  // one per token, when options.logprobs >= 0
 };
 
 // Receives displayable UTF-8 text as soon as it is complete; returning false

@@ -15,6 +15,9 @@
 
 namespace colibri {
 
+// Most alternatives per token any API hands out (OpenAI's chat limit).
+inline constexpr std::int32_t kMaxTopLogprobs = 20;
+
 struct TopLogprob {
   std::int32_t token = 0;
   float logprob = 0.0f;

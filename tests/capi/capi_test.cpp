@@ -923,6 +923,108 @@ TEST_F(CApiModel, InferenceParamsDefaults) {
   EXPECT_EQ(p.n_stop, 0u);
   EXPECT_EQ(p.on_text, nullptr);
   EXPECT_EQ(p.user_data, nullptr);
+  EXPECT_EQ(p.logit_bias_tokens, nullptr);
+  EXPECT_EQ(p.logit_bias_values, nullptr);
+  EXPECT_EQ(p.n_logit_bias, 0u);
+  EXPECT_EQ(p.logprobs, -1);
+}
+
+// logit_bias and logprobs as the engine's generate() gives them; the
+// log-probabilities themselves are tested against their definition in
+// tests/unit/sampler_test.cpp and through the server against replayed logits.
+TEST_F(CApiModel, LogitBiasAndLogprobsEqualTheEngines) {
+  const std::string text = prompt();
+  const std::int32_t forced = 300;
+  const float bias = 100.0f;
+  for (std::int32_t top : {0, 3}) {
+    SCOPED_TRACE(top);
+    colibri::GenerateOptions options;
+    options.max_tokens = 6;
+    options.ignore_eos = true;
+    options.logprobs = top;
+    options.sampling.logit_bias = {{forced, bias}};
+    colibri::GenerateOutput expected = engine_generate("mixtral-tiny", text, options);
+    ASSERT_EQ(expected.tokens, std::vector<std::int32_t>(6, forced));
+
+    colibri_inference_params params = lib::colibri_inference_params_default();
+    params.max_tokens = 6;
+    params.ignore_eos = 1;
+    params.logprobs = top;
+    params.logit_bias_tokens = &forced;
+    params.logit_bias_values = &bias;
+    params.n_logit_bias = 1;
+    colibri_result* result = nullptr;
+    ASSERT_EQ(lib::colibri_inference(model_, text.c_str(), &params, &result), COLIBRI_OK) << last_error();
+    ASSERT_EQ(std::vector<std::int32_t>(result->tokens, result->tokens + result->n_tokens), expected.tokens);
+    ASSERT_NE(result->token_logprobs, nullptr);
+    EXPECT_EQ(result->n_top_logprobs, top);
+    EXPECT_EQ(result->top_logprobs == nullptr, top == 0);
+    for (std::size_t i = 0; i < result->n_tokens; ++i) {
+      EXPECT_EQ(result->token_logprobs[i], expected.logprobs[i].logprob);
+      // The model's own odds: the bias that forced the token is not in them.
+      EXPECT_LT(result->token_logprobs[i], -1.0f);
+      for (std::int32_t k = 0; k < top; ++k) {
+        const colibri_top_logprob& alternative = result->top_logprobs[i * static_cast<std::size_t>(top) + k];
+        EXPECT_EQ(alternative.token, expected.logprobs[i].top[static_cast<std::size_t>(k)].token);
+        EXPECT_EQ(alternative.logprob, expected.logprobs[i].top[static_cast<std::size_t>(k)].logprob);
+      }
+    }
+    lib::colibri_free_result(result);
+  }
+  // Greedy: each token is the most likely alternative of its position.
+  colibri_inference_params greedy = lib::colibri_inference_params_default();
+  greedy.max_tokens = 5;
+  greedy.ignore_eos = 1;
+  greedy.logprobs = 2;
+  colibri_result* result = nullptr;
+  ASSERT_EQ(lib::colibri_inference(model_, text.c_str(), &greedy, &result), COLIBRI_OK) << last_error();
+  for (std::size_t i = 0; i < result->n_tokens; ++i) {
+    EXPECT_EQ(result->top_logprobs[2 * i].token, result->tokens[i]);
+    EXPECT_EQ(result->top_logprobs[2 * i].logprob, result->token_logprobs[i]);
+    EXPECT_GE(result->top_logprobs[2 * i].logprob, result->top_logprobs[2 * i + 1].logprob);
+  }
+  lib::colibri_free_result(result);
+  // A params struct of the earlier header (ending before logit_bias_tokens): no
+  // bias, no logprobs, whatever lies past its size.
+  colibri_inference_params old = greedy;
+  old.struct_size = offsetof(colibri_inference_params, logit_bias_tokens);
+  old.logprobs = 99;
+  old.n_logit_bias = 5;
+  ASSERT_EQ(lib::colibri_inference(model_, text.c_str(), &old, &result), COLIBRI_OK) << last_error();
+  EXPECT_EQ(result->token_logprobs, nullptr);
+  EXPECT_EQ(result->n_top_logprobs, 0);
+  lib::colibri_free_result(result);
+}
+
+TEST_F(CApiModel, LogitBiasAndLogprobsRejectBadArguments) {
+  const std::string text = prompt();
+  colibri_result* result = nullptr;
+  colibri_inference_params params = lib::colibri_inference_params_default();
+  params.logprobs = 21;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_inference(model_, text.c_str(), &params, &result),
+                "colibri_inference");
+  EXPECT_NE(last_error().find("params->logprobs"), std::string::npos) << last_error();
+  params.logprobs = -2;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_inference(model_, text.c_str(), &params, &result),
+                "colibri_inference");
+  params = lib::colibri_inference_params_default();
+  params.n_logit_bias = 1;
+  EXPECT_STATUS(COLIBRI_ERR_NULL_POINTER, lib::colibri_inference(model_, text.c_str(), &params, &result),
+                "colibri_inference");
+  const std::int32_t outside = 1 << 20;
+  const float fine = 1.0f, too_strong = 150.0f;
+  params.logit_bias_tokens = &outside;
+  params.logit_bias_values = &fine;
+  EXPECT_STATUS(COLIBRI_ERR_OUT_OF_RANGE, lib::colibri_inference(model_, text.c_str(), &params, &result),
+                "colibri_inference");
+  EXPECT_NE(last_error().find("logit_bias_tokens[0]"), std::string::npos) << last_error();
+  const std::int32_t inside = 3;
+  params.logit_bias_tokens = &inside;
+  params.logit_bias_values = &too_strong;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_inference(model_, text.c_str(), &params, &result),
+                "colibri_inference");
+  EXPECT_NE(last_error().find("[-100, 100]"), std::string::npos) << last_error();
+  EXPECT_EQ(result, nullptr);
 }
 
 // colibri-run's greedy output on every fixture prompt is the reference's

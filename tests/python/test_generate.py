@@ -1,6 +1,7 @@
 """Model loading, tokenization and generation through the binding, checked
 against the colibri-run binary and the fixtures' reference outputs."""
 
+import ctypes
 import json
 import subprocess
 
@@ -172,3 +173,34 @@ def test_weights_memory_kinds_generate_the_same_tokens(fixture_path, build_dir, 
     assert outputs["copy"] == outputs["map"] == outputs["auto"]
     with pytest.raises(ValueError, match="weights must be one of"):
         colibri.Model(path, weights="mmap")
+
+
+def test_ctypes_structs_match_the_library():
+    """The binding's ctypes layouts are the header's: the library writes its
+    own sizeof into struct_size."""
+    from colibri import _ffi
+    params = _ffi.lib().colibri_inference_params_default()
+    assert params.struct_size == ctypes.sizeof(_ffi.InferenceParams)
+
+
+def test_logit_bias_and_logprobs(fixture_path):
+    model = colibri.Model(fixture_path("mixtral-tiny"))
+    prompt = "The quick brown fox"
+    greedy = model.generate(prompt, max_tokens=5, ignore_eos=True, logprobs=3)
+    assert greedy.logprobs.shape == (5,)
+    assert len(greedy.top_logprobs) == 5
+    for token, logprob, top in zip(greedy.tokens.tolist(), greedy.logprobs.tolist(), greedy.top_logprobs):
+        assert len(top) == 3
+        assert top[0] == (token, pytest.approx(logprob))  # greedy takes the most likely
+        assert top[0][1] >= top[1][1] >= top[2][1]
+        assert logprob <= 0
+    forced = model.generate(prompt, max_tokens=4, ignore_eos=True, logit_bias={300: 100}, logprobs=0)
+    assert forced.tokens.tolist() == [300] * 4
+    assert forced.top_logprobs == [[], [], [], []]
+    assert (forced.logprobs < -1).all()  # the model's own odds, not the biased ones
+    plain = model.generate(prompt, max_tokens=2)
+    assert plain.logprobs is None and plain.top_logprobs is None
+    with pytest.raises(colibri.InvalidArgumentError, match="logprobs"):
+        model.generate(prompt, max_tokens=2, logprobs=21)
+    with pytest.raises(colibri.OutOfRangeError, match="logit_bias_tokens"):
+        model.generate(prompt, max_tokens=2, logit_bias={10**6: 1.0})

@@ -236,6 +236,18 @@ class Result:
         self.text_bytes: bytes = ctypes.string_at(r.text, r.text_len) if r.text_len else b""
         self.text: str = self.text_bytes.decode("utf-8", errors="replace")
         self.tokens: np.ndarray = _array_over(self.tokens_address, r.n_tokens, ctypes.c_int32, self._owner)
+        # With generate(logprobs=N): each token's log-probability under the
+        # model's own distribution, and the N most likely (token, logprob) pairs
+        # at its position (copies: small, and independent of the result).
+        self.logprobs: Optional[np.ndarray] = None
+        self.top_logprobs: Optional[list] = None
+        if r.token_logprobs:
+            n, width = r.n_tokens, r.n_top_logprobs
+            self.logprobs = np.ctypeslib.as_array(r.token_logprobs, shape=(max(n, 1),))[:n].copy()
+            self.top_logprobs = [
+                [(r.top_logprobs[i * width + k].token, float(r.top_logprobs[i * width + k].logprob))
+                 for k in range(width) if r.top_logprobs[i * width + k].token >= 0]
+                for i in range(n)]
 
     def __repr__(self):
         return f"Result(tokens={len(self.tokens)}, finish_reason={self.finish_reason!r}, text={self.text!r})"
@@ -374,10 +386,14 @@ class Model:
         add_special: bool = True,
         parse_special: bool = False,
         on_text: Optional[Callable[[str], Optional[bool]]] = None,
+        logit_bias: Optional[dict] = None,
+        logprobs: Optional[int] = None,
     ) -> Result:
         """Generates from a text prompt or from prompt token ids. Defaults are
         greedy decoding (temperature 0), as colibri-run. `on_text` receives each
-        piece of text as it completes; returning False cancels."""
+        piece of text as it completes; returning False cancels. `logit_bias`
+        maps token ids to biases in [-100, 100] added to their logits.
+        `logprobs=N` (0-20) fills Result.logprobs and Result.top_logprobs."""
         lib = _ffi.lib()
         params = lib.colibri_inference_params_default()
         _set_int(params, "max_tokens", max_tokens)
@@ -404,6 +420,16 @@ class Model:
         if encoded:
             params.stop = ctypes.cast(stop_array, ctypes.POINTER(ctypes.c_char_p))
             params.n_stop = len(encoded)
+
+        bias_ids = bias_values = None
+        if logit_bias:
+            bias_ids = _int32_ids(list(logit_bias.keys()), "logit_bias")
+            bias_values = np.ascontiguousarray([float(v) for v in logit_bias.values()], dtype=np.float32)
+            params.logit_bias_tokens = bias_ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+            params.logit_bias_values = bias_values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            params.n_logit_bias = bias_ids.size
+        if logprobs is not None:
+            _set_int(params, "logprobs", logprobs)
 
         failure: list = []
         callback = None

@@ -122,7 +122,15 @@ class InferenceParams(ctypes.Structure):
         ("n_stop", c_size_t),
         ("on_text", TEXT_CALLBACK),
         ("user_data", c_void_p),
+        ("logit_bias_tokens", ctypes.POINTER(c_int32)),
+        ("logit_bias_values", ctypes.POINTER(c_float)),
+        ("n_logit_bias", c_size_t),
+        ("logprobs", c_int32),
     ]
+
+
+class TopLogprob(ctypes.Structure):
+    _fields_ = [("token", c_int32), ("logprob", c_float)]
 
 
 class Result(ctypes.Structure):
@@ -133,6 +141,9 @@ class Result(ctypes.Structure):
         ("text_len", c_size_t),
         ("n_prompt_tokens", c_size_t),
         ("finish_reason", c_int32),
+        ("token_logprobs", ctypes.POINTER(c_float)),
+        ("top_logprobs", ctypes.POINTER(TopLogprob)),
+        ("n_top_logprobs", c_int32),
     ]
 
 

@@ -368,6 +368,18 @@ typedef struct colibri_inference_params {
   size_t n_stop;
   colibri_text_callback on_text; /* optional streaming callback. Default NULL. */
   void* user_data;               /* passed to on_text */
+  /* Fields below were added after the first release; a struct_size that ends
+   * at logit_bias_tokens (an older colibri.h) is accepted and gets their defaults. */
+  const int32_t* logit_bias_tokens; /* n_logit_bias token ids, each in [0, vocab) */
+  const float* logit_bias_values;   /* their biases, each in [-100, 100], added to the
+                                       logits before the penalties (-100 all but bans a
+                                       token, +100 all but forces it). Default none. */
+  size_t n_logit_bias;              /* at most 1024 */
+  int32_t logprobs;                 /* -1 (default): none. 0..20: the result carries each
+                                       generated token's log-probability under the model's
+                                       own distribution (raw logits: before logit_bias,
+                                       penalties and temperature) and this many most
+                                       likely alternatives per token. */
 } colibri_inference_params;
 
 /* struct_size set, every field at its default (greedy, 128 tokens). */
@@ -384,6 +396,12 @@ typedef enum colibri_finish_reason {
 /* "length", "eos", "stop", "context_full", "cancelled"; "unknown" otherwise. */
 COLIBRI_API const char* colibri_finish_reason_name(colibri_finish_reason reason);
 
+/* One alternative at a generated position. */
+typedef struct colibri_top_logprob {
+  int32_t token;  /* -1 pads a row when the vocabulary has fewer candidates */
+  float logprob;  /* natural log; -INFINITY for a masked token and for padding */
+} colibri_top_logprob;
+
 typedef struct colibri_result {
   int32_t* tokens;         /* n_tokens generated ids (owned by the result) */
   size_t n_tokens;
@@ -392,6 +410,11 @@ typedef struct colibri_result {
   size_t text_len;         /* bytes before the NUL */
   size_t n_prompt_tokens;  /* prompt tokens fed to the model */
   int32_t finish_reason;   /* a colibri_finish_reason */
+  /* With params->logprobs >= 0 (else NULL and 0), owned by the result: */
+  float* token_logprobs;              /* n_tokens: log p(tokens[i]) */
+  colibri_top_logprob* top_logprobs;  /* n_tokens rows of n_top_logprobs, most likely
+                                         first (NULL when n_top_logprobs is 0) */
+  int32_t n_top_logprobs;             /* params->logprobs */
 } colibri_result;
 
 /* Tokenizes the NUL-terminated UTF-8 `prompt` and generates from it in a fresh
