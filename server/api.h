@@ -83,6 +83,10 @@ struct GenerationRequest {
   // Set: return each generated token's log-probability and this many most
   // likely alternatives (completions' `logprobs`, chat's `top_logprobs`).
   std::optional<std::int64_t> logprobs;
+  // Completions: the prompt comes back before the completion, and with
+  // logprobs its tokens' log-probabilities too (scoring a text; max_tokens 0
+  // is then allowed).
+  bool echo = false;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool parse_special = false;                         // completions: specials in the prompt
@@ -98,6 +102,7 @@ struct GenerationJobSpec {
   std::vector<std::int32_t> end_ids;  // ids that end the generation (EOS, end of turn)
   std::string request_id;             // as the transport logs it; names the request in [ROUTER] lines
   std::int32_t logprobs = -1;         // -1: none; else alternatives per token (0..kMaxTopLogprobs)
+  bool prompt_logprobs = false;       // echo with logprobs: score the prompt's tokens too
 };
 
 
@@ -112,8 +117,9 @@ enum class Finish {
 };
 const char* finish_name(Finish finish);
 
-// One generated token's log-probability under the model's own distribution
-// (runtime/logprobs.h) and the most likely tokens at its position.
+// One token's log-probability under the model's own distribution
+// (runtime/logprobs.h) and the most likely tokens at its position. The
+// prompt's first token has none: logprob is NaN and top empty.
 struct TokenLogprob {
   std::int32_t token = 0;
   float logprob = 0.0f;
@@ -124,6 +130,9 @@ struct StreamChunk {
   std::string text;                  // valid UTF-8
   std::vector<std::int32_t> tokens;  // ids this chunk covers
   std::vector<TokenLogprob> logprobs;  // one per token, when the request asked for them
+  // Once, when the prompt is processed, for echo with logprobs: one entry per
+  // prompt token (the first without a log-probability). Not in `tokens`.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct StreamResult {

@@ -97,7 +97,6 @@ void refuse_unsupported(Fields& f) {
     f.fail("n", fmt::format("n = {} is not supported: this server returns exactly one choice (n = 1)", *n));
   if (auto best_of = f.integer("best_of"); best_of && *best_of != 1)
     f.fail("best_of", "best_of other than 1 is not supported");
-  if (auto echo = f.boolean("echo"); echo && *echo) f.fail("echo", "echo is not supported");
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty()) f.fail("suffix", "suffix is not supported");
   for (const char* name : {"tools", "functions"})
     if (const json* v = f.get(name); v != nullptr && !(v->is_array() && v->empty()))
@@ -175,6 +174,9 @@ void parse_prompt(Fields& f, GenerationRequest& request) {
     request.prompt = (*v)[0].get<std::string>();
     return;
   }
+  // A list of one prompt of token ids, as batching clients send one prompt
+  // (lm-evaluation-harness, for one).
+  if (v->size() == 1 && (*v)[0].is_array()) v = &(*v)[0];
   if (!v->empty() && ((*v)[0].is_string() || (*v)[0].is_array()))
     return f.fail("prompt", "prompt must be a string or an array of token ids; a list of prompts is not "
                             "supported (send one prompt per request)");
@@ -275,6 +277,10 @@ Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat)
   r.seed = f.unsigned_integer("seed");
   parse_logit_bias(f, r.logit_bias);
   parse_logprobs(f, chat, r.logprobs);
+  if (auto echo = f.boolean("echo"); echo && *echo) {
+    if (chat) f.fail("echo", "echo is a completions field; chat completions do not take it");
+    else r.echo = true;
+  }
   parse_stop(f, r.stop);
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   if (!chat) {
@@ -431,6 +437,13 @@ nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<To
   for (const TokenLogprob& entry : entries) {
     const std::string bytes = token_bytes(entry.token);
     tokens.push_back(utf8_replace_invalid(bytes));
+    offsets.push_back(text_offset);
+    text_offset += code_points(bytes);
+    if (std::isnan(entry.logprob)) {  // an echoed prompt's first token
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(logprob_value(entry.logprob));
     json top = json::object();
     // Alternatives whose texts coincide (byte tokens shown as U+FFFD) keep
@@ -440,8 +453,6 @@ nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<To
       if (!top.contains(text)) top[text] = logprob_value(alternative.logprob);
     }
     top_logprobs.push_back(std::move(top));
-    offsets.push_back(text_offset);
-    text_offset += code_points(bytes);
   }
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_logprobs)},

@@ -68,6 +68,8 @@ using TokenBytes = std::function<std::string(std::int32_t)>;
 // logprob}], text_offset}. text_offset counts code points of the generated
 // text from `text_offset`, which advances past these tokens. A log-probability
 // of -inf (a masked token) is written as -9999.0, as vLLM does: JSON has no infinity.
+// An entry without one (NaN: an echoed prompt's first token) has null
+// token_logprobs and top_logprobs (completions only: chat has no echo).
 nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<TokenLogprob>& entries, bool chat,
                              std::int64_t& text_offset);
 

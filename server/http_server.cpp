@@ -7,6 +7,7 @@
 #include <chrono>
 #include <iterator>
 #include <regex>
+#include <utility>
 
 #include "connection_probe.h"
 #include "gated_server.h"
@@ -58,6 +59,15 @@ TokenBytes token_bytes_of(const ActiveJob& job) {
   return [model = job.generation->model](std::int32_t id) { return model->tokenizer().token_bytes(id); };
 }
 
+// What echo puts before the completion: the prompt as sent, or the text of
+// its token ids. Empty without echo.
+std::string echo_text(const ActiveJob& job, const GenerationRequest& request) {
+  if (!request.echo) return {};
+  if (!request.prompt_tokens) return request.prompt;
+  auto text = job.generation->model->tokenizer().decode(*request.prompt_tokens);
+  return text ? utf8_replace_invalid(*text) : std::string();
+}
+
 struct StreamState {
   ActiveJob job;
   std::shared_ptr<StreamChannel> channel;
@@ -68,6 +78,8 @@ struct StreamState {
   bool return_token_ids = false;
   bool logprobs = false;
   std::int64_t text_offset = 0;  // completions' logprobs.text_offset so far
+  std::string echo;              // the prompt's text, sent before anything else (echo)
+  bool echo_sent = true;
   bool role_sent = false;
   std::chrono::milliseconds poll{100};
 };
@@ -100,12 +112,14 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
       state.record->token_arrived();
       // Whatever piled up while the last write was in flight goes out as one
       // event; a fast client still gets one event per token.
-      std::string text;
+      std::string text = std::exchange(state.echo, {});
+      state.echo_sent = true;
       std::vector<std::int32_t> tokens;
       std::vector<TokenLogprob> logprobs;
       for (StreamChunk& chunk : batch.chunks) {
         text += chunk.text;
         tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+        std::move(chunk.prompt_logprobs.begin(), chunk.prompt_logprobs.end(), std::back_inserter(logprobs));
         std::move(chunk.logprobs.begin(), chunk.logprobs.end(), std::back_inserter(logprobs));
       }
       if (!text.empty() || (state.return_token_ids && !tokens.empty()) || !logprobs.empty()) {
@@ -127,6 +141,12 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
         if (!write(result.error->to_json())) return false;
       } else {
         const std::vector<std::int32_t> none;
+        // An echo with nothing after it (max_tokens 0, no logprobs) still
+        // comes back before the end.
+        if (!state.echo_sent && !state.echo.empty() &&
+            !write(stream_chunk(state.ids, std::exchange(state.echo, {}), state.return_token_ids ? &none : nullptr,
+                                nullptr)))
+          return false;
         if (!write(stream_chunk(state.ids, "", state.return_token_ids ? &none : nullptr,
                                 finish_reason_json(result.finish))))
           return false;
@@ -409,6 +429,7 @@ void HttpServer::install() {
           for (StreamChunk& chunk : batch.chunks) {
             text += chunk.text;
             tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+            std::move(chunk.prompt_logprobs.begin(), chunk.prompt_logprobs.end(), std::back_inserter(logprobs));
             std::move(chunk.logprobs.begin(), chunk.logprobs.end(), std::back_inserter(logprobs));
           }
           if (batch.result) {
@@ -421,8 +442,10 @@ void HttpServer::install() {
               std::int64_t offset = 0;
               logprobs_value = logprobs_json(token_bytes_of(job), logprobs, ids.chat, offset);
             }
-            return send_json(res, 200, completion_body(ids, text, parsed->return_token_ids ? &tokens : nullptr, result,
-                                                       std::move(logprobs_value)));
+            return send_json(res, 200,
+                             completion_body(ids, echo_text(job, parsed->request) + text,
+                                             parsed->return_token_ids ? &tokens : nullptr, result,
+                                             std::move(logprobs_value)));
           }
           if (batch.chunks.empty() && probe.closed()) {
             channel->cancel();
@@ -442,6 +465,8 @@ void HttpServer::install() {
       state->include_usage = parsed->include_usage;
       state->return_token_ids = parsed->return_token_ids;
       state->logprobs = parsed->request.logprobs.has_value();
+      state->echo = echo_text(state->job, parsed->request);
+      state->echo_sent = state->echo.empty();
       state->poll = poll;
       res.status = 200;
       res.set_header("Cache-Control", "no-cache");

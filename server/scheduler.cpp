@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "moe/router.h"
@@ -28,6 +29,10 @@ struct Scheduler::Job {
   std::vector<std::int32_t> history;  // prompt + generated, for the penalties
   std::vector<float> logits;          // predicting the next token
   std::vector<float> raw_logits;      // logits before the sampler changed them (logprobs only)
+  // Echo with logprobs: logits of the prompt positions in this step, and the
+  // prompt's entries so far (sent once the prompt is processed).
+  std::vector<float> prompt_logits;
+  std::vector<TokenLogprob> prompt_entries;
   std::int32_t generated = 0;
   bool done = false;
 
@@ -247,17 +252,28 @@ void Scheduler::start_job(Job& job) {
   job.history.assign(job.spec.prompt.begin(), job.spec.prompt.end());
   job.logits.resize(static_cast<std::size_t>(vocab));
   if (job.spec.logprobs >= 0) job.raw_logits.resize(static_cast<std::size_t>(vocab));
+  if (job.spec.prompt_logprobs) {
+    job.prompt_logits.resize(static_cast<std::size_t>(kScoredPromptTokensPerStep) * static_cast<std::size_t>(vocab));
+    job.prompt_entries.reserve(job.spec.prompt.size());
+    // The first token has nothing before it to predict it.
+    job.prompt_entries.push_back(
+        TokenLogprob{job.spec.prompt.front(), std::numeric_limits<float>::quiet_NaN(), {}});
+  }
   job.channel->mark_started();
   for (std::size_t i = 0; i < pool_.size(); ++i)
     if (pool_[i].get() == job.session) session_request_[i] = &job.spec.request_id;
 }
 
 std::size_t Scheduler::add_prefill(Job& job, std::size_t budget) {
-  const std::size_t n = std::min(budget, job.spec.prompt.size() - job.fed);
+  std::size_t n = std::min(budget, job.spec.prompt.size() - job.fed);
+  if (job.spec.prompt_logprobs) n = std::min<std::size_t>(n, kScoredPromptTokensPerStep);
+  const std::size_t vocab = static_cast<std::size_t>(model_->config().vocab);
   for (std::size_t i = job.fed; i < job.fed + n; ++i) {
-    // Only the prompt's last token needs logits: they predict the first
-    // generated token.
-    float* logits = i + 1 == job.spec.prompt.size() ? job.logits.data() : nullptr;
+    // The prompt's last token's logits predict the first generated token.
+    // The others are needed only to score the prompt (echo with logprobs).
+    float* logits = i + 1 == job.spec.prompt.size() ? job.logits.data()
+                    : job.spec.prompt_logprobs      ? job.prompt_logits.data() + (i - job.fed) * vocab
+                                                    : nullptr;
     items_.push_back(BatchItem{job.session, job.spec.prompt[i], logits, Status::Ok()});
     item_jobs_.push_back(&job);
   }
@@ -265,6 +281,10 @@ std::size_t Scheduler::add_prefill(Job& job, std::size_t budget) {
 }
 
 void Scheduler::add_decode(Job& job) {
+  if (job.spec.max_tokens == 0) {  // echo only: the prompt was the whole answer
+    finish(job, Finish::Length);
+    return;
+  }
   // The sampler adds logit_bias and penalties in place; logprobs describe the
   // model's own distribution, so they are read from a copy taken first.
   const bool logprobs = job.spec.logprobs >= 0;
@@ -335,9 +355,17 @@ void Scheduler::run_batch() {
     const bool prompt = job.prefilling();
     if (items_[i].status.ok()) {
       if (prompt) {
+        if (job.spec.prompt_logprobs && job.fed + 1 < job.spec.prompt.size()) score_prompt_token(job, items_[i].logits);
         ++job.fed;
         ++prompt_tokens;
         if (!job.prefilling() && options_.prefill_modes) job.session->set_activation_modes(ActivationModes{});
+        if (!job.prefilling() && job.spec.prompt_logprobs) {
+          StreamChunk scored;
+          scored.prompt_logprobs = std::move(job.prompt_entries);
+          if (!job.channel->push(std::move(scored)))
+            finish(job, Finish::SlowClient,
+                   ApiError::invalid("the client did not read its stream fast enough", "", "slow_client"));
+        }
       }
       continue;
     }
@@ -346,6 +374,17 @@ void Scheduler::run_batch() {
            ApiError::internal((prompt ? "prompt processing failed: " : "decoding failed: ") + message));
   }
   metrics_.prompt_tokens.inc(prompt_tokens);
+}
+
+void Scheduler::score_prompt_token(Job& job, float* logits) {
+  const std::int32_t next = job.spec.prompt[job.fed + 1];
+  TokenLogprob& entry = job.prompt_entries.emplace_back();
+  entry.token = next;
+  entry.top.resize(static_cast<std::size_t>(job.spec.logprobs));
+  const TokenLogprobs read =
+      read_logprobs(std::span<float>(logits, static_cast<std::size_t>(model_->config().vocab)), next, entry.top);
+  entry.logprob = read.chosen;
+  entry.top.resize(read.top_count);
 }
 
 void Scheduler::finish_with_flush(Job& job, Finish reason) {

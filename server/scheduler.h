@@ -79,6 +79,10 @@ class Scheduler {
   // beyond this many prompt tokens per step they would cost memory for no gain
   // (a chunk this long already reads each weight once per 512 tokens).
   static constexpr std::int32_t kMaxPrefillChunk = 512;
+  // A prompt being scored (echo with logprobs) needs the logits of every
+  // position: its session takes at most this many prompt tokens per step, into
+  // a buffer of this many rows of the vocabulary allocated when it starts.
+  static constexpr std::int32_t kScoredPromptTokensPerStep = 16;
 
   Scheduler(std::shared_ptr<const Model> model, SchedulerOptions options, Metrics& metrics);
   ~Scheduler();
@@ -113,6 +117,9 @@ class Scheduler {
   // Samples the job's next token and streams it; adds it to the step's batch
   // unless the generation ends here.
   void add_decode(Job& job);
+  // Echo with logprobs: the log-probability of the prompt token after the one
+  // just fed, from that item's logits (overwritten).
+  void score_prompt_token(Job& job, float* logits);
   // Runs the step's batch and settles each job's outcome.
   void run_batch();
   void finish_with_flush(Job& job, Finish finish);

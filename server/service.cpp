@@ -281,8 +281,12 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
                                            kMaxStopBytes),
                                "stop");
   }
-  if (request.max_tokens && *request.max_tokens < 1)
-    return ApiError::invalid(fmt::format("max_tokens must be at least 1, got {}", *request.max_tokens), "max_tokens");
+  // max_tokens 0 only scores an echoed prompt.
+  if (request.max_tokens && *request.max_tokens < (request.echo ? 0 : 1))
+    return ApiError::invalid(request.echo ? fmt::format("max_tokens must be at least 0, got {}", *request.max_tokens)
+                                          : fmt::format("max_tokens must be at least 1 (0 only with echo), got {}",
+                                                        *request.max_tokens),
+                             "max_tokens");
   if (request.max_tokens && *request.max_tokens > config_.max_tokens_limit)
     return ApiError::invalid(fmt::format("max_tokens = {} is above this server's limit of {} (max_tokens_limit)",
                                          *request.max_tokens, config_.max_tokens_limit),
@@ -332,6 +336,7 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
   if (!valid.ok()) return ApiError::invalid(valid.error().message);
   spec.stop = request.stop;
   spec.logprobs = request.logprobs ? static_cast<std::int32_t>(*request.logprobs) : -1;
+  spec.prompt_logprobs = request.echo && spec.logprobs >= 0;
   if (!request.ignore_eos) {
     const Tokenizer& tokenizer = generation->model->tokenizer();
     if (auto id = tokenizer.eos_id()) spec.end_ids.push_back(*id);

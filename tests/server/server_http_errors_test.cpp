@@ -171,7 +171,6 @@ TEST_F(BadInputTest, InvalidUtf8InThePrompt) {
 TEST_F(BadInputTest, UnsupportedOptionsAreRefusedByName) {
   expect_error("/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n");
   expect_error("/v1/completions", R"({"prompt": "x", "n": 0})", 400, "n");
-  expect_error("/v1/completions", R"({"prompt": "x", "echo": true})", 400, "echo");
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})", 400, "tools");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": [""]})", 400, "stop");
@@ -197,6 +196,18 @@ TEST_F(BadInputTest, LogprobsOutOfShapeOrRange) {
   // Explicit "off" values are accepted.
   EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "max_tokens": 1, "logprobs": null})")).status, 200);
   EXPECT_EQ(http_post(port(), "/v1/chat/completions", chat + R"("max_tokens": 1, "logprobs": false})").status, 200);
+}
+
+TEST_F(BadInputTest, EchoOnlyForCompletionsAndMaxTokensZeroOnlyWithIt) {
+  auto e = expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens");
+  EXPECT_NE(e["message"].get<std::string>().find("0 only with echo"), std::string::npos) << e;
+  expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": -1, "echo": true})", 400, "max_tokens");
+  e = expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", 400,
+                   "echo");
+  EXPECT_NE(e["message"].get<std::string>().find("completions field"), std::string::npos) << e;
+  expect_error("/v1/completions", R"({"prompt": [[1, 2], [3]]})", 400, "prompt");
+  EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "max_tokens": 0, "echo": true})")).status,
+            200);
 }
 
 TEST_F(BadInputTest, LogitBiasOutOfShapeOrRange) {

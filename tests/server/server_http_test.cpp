@@ -231,7 +231,9 @@ TEST_F(HttpServerTest, CompletionLogprobsAreTheModelsLogSoftmax) {
     ASSERT_EQ(tokens.size(), static_cast<std::size_t>(kSteps));
     for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
       ASSERT_EQ(lp[key].size(), tokens.size()) << key << " " << lp;
-    if (!is_greedy) EXPECT_EQ(tokens, std::vector<std::int32_t>(kSteps, 300));
+    if (!is_greedy) {
+      EXPECT_EQ(tokens, std::vector<std::int32_t>(kSteps, 300));
+    }
 
     Session session(model_, 4096);
     auto first = session.prefill(ids);
@@ -241,7 +243,9 @@ TEST_F(HttpServerTest, CompletionLogprobsAreTheModelsLogSoftmax) {
     for (int i = 0; i < kSteps; ++i) {
       const auto ranked = ranked_logprobs(logits);
       const std::int32_t token = tokens[static_cast<std::size_t>(i)];
-      if (is_greedy) EXPECT_EQ(token, ranked[0].second) << "step " << i;
+      if (is_greedy) {
+        EXPECT_EQ(token, ranked[0].second) << "step " << i;
+      }
       const double expected = static_cast<double>(logits[static_cast<std::size_t>(token)]) - logits[static_cast<std::size_t>(ranked[0].second)] + ranked[0].first;
       EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), expected, 1e-4) << "step " << i;
       const std::string bytes = model_->tokenizer().token_bytes(token);
@@ -265,6 +269,96 @@ TEST_F(HttpServerTest, CompletionLogprobsAreTheModelsLogSoftmax) {
   auto plain = http_post(port(), "/v1/completions", json{{"prompt", ids}, {"max_tokens", 2}});
   ASSERT_EQ(plain.status, 200);
   EXPECT_TRUE(plain.json_body()["choices"][0]["logprobs"].is_null());
+}
+
+// echo with logprobs scores a text: every prompt token after the first gets
+// its log-probability given the tokens before it, as the engine's logits
+// replayed token by token give it. The request is lm-evaluation-harness's
+// loglikelihood call: one tokenized prompt in a list, max_tokens 1.
+TEST_F(HttpServerTest, EchoWithLogprobsScoresThePrompt) {
+  const std::vector<std::int32_t> ids = {39, 68, 423, 78, 278, 260, 75, 67};
+  constexpr int kTop = 2;
+  json nested = json::array();
+  nested.push_back(ids);
+  const json request = {{"prompt", nested}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", kTop},
+                        {"echo", true}, {"return_token_ids", true}};
+  auto res = http_post(port(), "/v1/completions", request);
+  ASSERT_EQ(res.status, 200) << res.body;
+  const json choice = res.json_body()["choices"][0];
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 1) << lp;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  auto prompt_text = model_->tokenizer().decode(ids);
+  ASSERT_TRUE(prompt_text.ok());
+  const auto generated = choice["token_ids"].get<std::vector<std::int32_t>>();
+  ASSERT_EQ(generated.size(), 1u);
+  EXPECT_EQ(choice["text"].get<std::string>(),
+            *prompt_text + server::utf8_replace_invalid(model_->tokenizer().token_bytes(generated[0])));
+
+  std::vector<std::int32_t> all = ids;
+  all.push_back(generated[0]);
+  Session session(model_, 4096);
+  std::vector<float> logits;  // after all[0..i-1]: they predict all[i]
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::string bytes = model_->tokenizer().token_bytes(all[i]);
+    EXPECT_EQ(lp["tokens"][i], server::utf8_replace_invalid(bytes)) << i;
+    EXPECT_EQ(lp["text_offset"][i], offset) << i;
+    offset += code_points(bytes);
+    if (i == 0) {
+      auto fed = session.decode(all[0]);
+      ASSERT_TRUE(fed.ok());
+      logits.assign(fed->begin(), fed->end());
+      continue;
+    }
+    const auto ranked = ranked_logprobs(logits);
+    const double expected = static_cast<double>(logits[static_cast<std::size_t>(all[i])]) -
+                            logits[static_cast<std::size_t>(ranked[0].second)] + ranked[0].first;
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), expected, 1e-4) << "position " << i;
+    EXPECT_LE(lp["top_logprobs"][i].size(), static_cast<std::size_t>(kTop));
+    const std::string best = server::utf8_replace_invalid(model_->tokenizer().token_bytes(ranked[0].second));
+    ASSERT_TRUE(lp["top_logprobs"][i].contains(best)) << lp["top_logprobs"][i];
+    EXPECT_NEAR(lp["top_logprobs"][i][best].get<double>(), ranked[0].first, 1e-4);
+    if (i + 1 < all.size()) {
+      auto fed = session.decode(all[i]);
+      ASSERT_TRUE(fed.ok());
+      logits.assign(fed->begin(), fed->end());
+    }
+  }
+
+  // Streamed: the same text and entries, the echo first.
+  json streamed_request = request;
+  streamed_request["stream"] = true;
+  auto stream = http_stream(port(), "/v1/completions", streamed_request);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  std::string text;
+  json tokens = json::array(), token_logprobs = json::array();
+  for (const json& event : stream.events) {
+    const json& c = event["choices"][0];
+    text += c["text"].get<std::string>();
+    if (c["logprobs"].is_null()) continue;
+    for (const json& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    for (const json& t : c["logprobs"]["token_logprobs"]) token_logprobs.push_back(t);
+  }
+  EXPECT_EQ(text, choice["text"].get<std::string>());
+  EXPECT_EQ(stream.events[0]["choices"][0]["text"].get<std::string>().rfind(*prompt_text, 0), 0u);
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(token_logprobs, lp["token_logprobs"]);
+
+  // max_tokens 0: the prompt's scores alone; echo of a text prompt gives it back as sent.
+  auto scored = http_post(port(), "/v1/completions",
+                          json{{"prompt", "Hello world"}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 0}});
+  ASSERT_EQ(scored.status, 200) << scored.body;
+  const json only = scored.json_body()["choices"][0];
+  EXPECT_EQ(only["text"], "Hello world");
+  EXPECT_EQ(only["finish_reason"], "length");
+  EXPECT_EQ(only["logprobs"]["tokens"].size(), encode("Hello world").size());
+  EXPECT_EQ(scored.json_body()["usage"]["completion_tokens"], 0);
+  auto plain_echo = http_stream(port(), "/v1/completions",
+                              json{{"prompt", "Hello world"}, {"max_tokens", 3}, {"echo", true}, {"stream", true}});
+  ASSERT_EQ(plain_echo.status, 200);
+  EXPECT_EQ(plain_echo.events[0]["choices"][0]["text"].get<std::string>().rfind("Hello world", 0), 0u);
 }
 
 // Chat's shape (content entries with bytes), the same in a stream as in one

@@ -644,8 +644,11 @@ TEST(Logprobs, AgreeWithTheDefinitionOnRandomRows) {
       EXPECT_NEAR(top[k].logprob, static_cast<double>(expected[k].first), 1e-5) << "trial " << trial << " rank " << k;
     }
     const auto it = std::find_if(expected.begin(), expected.end(), [&](const auto& e) { return e.second == chosen; });
-    if (std::isinf(it->first)) EXPECT_EQ(got.chosen, -std::numeric_limits<float>::infinity());
-    else EXPECT_NEAR(got.chosen, static_cast<double>(it->first), 1e-5) << "trial " << trial;
+    if (std::isinf(it->first)) {
+      EXPECT_EQ(got.chosen, -std::numeric_limits<float>::infinity());
+    } else {
+      EXPECT_NEAR(got.chosen, static_cast<double>(it->first), 1e-5) << "trial " << trial;
+    }
   }
 }
 

@@ -93,6 +93,16 @@ check('completions: logprobs in the legacy shape', async () => {
   for (const top of lp.top_logprobs) assert.ok(Object.keys(top).length >= 1 && Object.keys(top).length <= 2);
 });
 
+check('completions: echo with logprobs scores the prompt (max_tokens 0)', async () => {
+  const scored = await client.completions.create({ model, prompt, max_tokens: 0, echo: true, logprobs: 1 });
+  const choice = scored.choices[0];
+  assert.equal(choice.text, prompt);
+  assert.equal(choice.logprobs.token_logprobs[0], null);
+  assert.equal(choice.logprobs.tokens.length, scored.usage.prompt_tokens);
+  assert.ok(choice.logprobs.token_logprobs.slice(1).every((lp) => lp <= 0));
+  assert.equal(scored.usage.completion_tokens, 0);
+});
+
 // The client's error classes come from the status; the body's param and code reach it.
 async function expectError(promise, Kind, status, param) {
   try {
