@@ -87,6 +87,9 @@ struct GenerationRequest {
   // logprobs its tokens' log-probabilities too (scoring a text; max_tokens 0
   // is then allowed).
   bool echo = false;
+  // response_format {"type": "json_object"}: the output is constrained to a
+  // JSON object (runtime/json_prefix.h) and ends when the object closes.
+  bool json_object = false;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool parse_special = false;                         // completions: specials in the prompt
@@ -103,6 +106,7 @@ struct GenerationJobSpec {
   std::string request_id;             // as the transport logs it; names the request in [ROUTER] lines
   std::int32_t logprobs = -1;         // -1: none; else alternatives per token (0..kMaxTopLogprobs)
   bool prompt_logprobs = false;       // echo with logprobs: score the prompt's tokens too
+  bool json_object = false;           // constrain the output to one JSON object
 };
 
 

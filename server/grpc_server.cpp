@@ -70,6 +70,7 @@ void apply_options(const pb::SamplingOptions& o, GenerationRequest& r) {
   for (const auto& [id, bias] : o.logit_bias()) r.logit_bias.emplace_back(id, static_cast<double>(bias));
   std::sort(r.logit_bias.begin(), r.logit_bias.end());
   if (o.has_logprobs()) r.logprobs = o.logprobs();
+  r.json_object = o.json_object();
 }
 
 }  // namespace

@@ -101,10 +101,7 @@ void refuse_unsupported(Fields& f) {
   for (const char* name : {"tools", "functions"})
     if (const json* v = f.get(name); v != nullptr && !(v->is_array() && v->empty()))
       f.fail(name, fmt::format("{} (function calling) is not supported", name));
-  if (const json* format = f.get("response_format"); format != nullptr) {
-    if (!format->is_object() || format->value("type", json()) != "text")
-      f.fail("response_format", "response_format other than {\"type\": \"text\"} is not supported");
-  }
+
 }
 
 // Completions ask with `logprobs: N` (N alternatives per token, 0 = the
@@ -277,6 +274,14 @@ Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat)
   r.seed = f.unsigned_integer("seed");
   parse_logit_bias(f, r.logit_bias);
   parse_logprobs(f, chat, r.logprobs);
+  if (const json* format = f.get("response_format"); format != nullptr) {
+    const json type = format->is_object() ? format->value("type", json()) : json();
+    if (type == "json_object") r.json_object = true;
+    else if (type == "json_schema")
+      f.fail("response_format", "response_format json_schema is not supported; {\"type\": \"json_object\"} is");
+    else if (type != "text")
+      f.fail("response_format", "response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+  }
   if (auto echo = f.boolean("echo"); echo && *echo) {
     if (chat) f.fail("echo", "echo is a completions field; chat completions do not take it");
     else r.echo = true;

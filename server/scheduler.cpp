@@ -33,6 +33,7 @@ struct Scheduler::Job {
   // prompt's entries so far (sent once the prompt is processed).
   std::vector<float> prompt_logits;
   std::vector<TokenLogprob> prompt_entries;
+  std::optional<JsonPrefix> json;  // response_format json_object: what the output has been so far
   std::int32_t generated = 0;
   bool done = false;
 
@@ -252,6 +253,20 @@ void Scheduler::start_job(Job& job) {
   job.history.assign(job.spec.prompt.begin(), job.spec.prompt.end());
   job.logits.resize(static_cast<std::size_t>(vocab));
   if (job.spec.logprobs >= 0) job.raw_logits.resize(static_cast<std::size_t>(vocab));
+  if (job.spec.json_object) {
+    job.json.emplace();
+    if (json_vocabulary_ == nullptr) {
+      // Once per model (vocabulary-sized): the bytes each token would add.
+      const Tokenizer& tokenizer = model_->tokenizer();
+      std::vector<std::string> bytes(static_cast<std::size_t>(vocab));
+      std::vector<bool> special(static_cast<std::size_t>(vocab));
+      for (std::int32_t id = 0; id < vocab; ++id) {
+        bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
+        special[static_cast<std::size_t>(id)] = tokenizer.is_special(id);
+      }
+      json_vocabulary_ = std::make_unique<JsonVocabulary>(std::move(bytes), std::move(special));
+    }
+  }
   if (job.spec.prompt_logprobs) {
     job.prompt_logits.resize(static_cast<std::size_t>(kScoredPromptTokensPerStep) * static_cast<std::size_t>(vocab));
     job.prompt_entries.reserve(job.spec.prompt.size());
@@ -289,6 +304,19 @@ void Scheduler::add_decode(Job& job) {
   // model's own distribution, so they are read from a copy taken first.
   const bool logprobs = job.spec.logprobs >= 0;
   if (logprobs) std::copy(job.logits.begin(), job.logits.end(), job.raw_logits.begin());
+  if (job.json) {
+    // Only tokens that continue the JSON text stay selectable; the end ids
+    // never are: the generation ends when the object closes.
+    const std::size_t selectable = mask_json_logits(*job.json, *json_vocabulary_, job.logits);
+    for (std::int32_t id : job.spec.end_ids)
+      if (id >= 0 && static_cast<std::size_t>(id) < job.logits.size())
+        job.logits[static_cast<std::size_t>(id)] = -std::numeric_limits<float>::infinity();
+    if (selectable == 0) {
+      finish(job, Finish::Error,
+             ApiError::internal("response_format json_object: no token of the vocabulary continues the JSON text"));
+      return;
+    }
+  }
   const std::int32_t token = job.sampler->sample(job.logits, job.history);
   if (token == Sampler::kNoToken) {
     finish(job, Finish::Error,
@@ -332,6 +360,13 @@ void Scheduler::add_decode(Job& job) {
   if (step.stopped) {
     finish(job, Finish::Stop);
     return;
+  }
+  if (job.json) {
+    job.json->push(json_vocabulary_->bytes[static_cast<std::size_t>(token)]);  // masked: it continues
+    if (job.json->complete()) {
+      finish_with_flush(job, Finish::Stop);
+      return;
+    }
   }
   if (job.generated == job.spec.max_tokens || job.session->position() >= job.session->max_context()) {
     finish_with_flush(job, Finish::Length);

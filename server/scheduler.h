@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "moe/routing_modes.h"
 #include "runtime/batch_decoder.h"
+#include "runtime/json_prefix.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "stream_channel.h"
@@ -142,6 +143,9 @@ class Scheduler {
   std::unique_ptr<BatchDecoder> batch_;
   std::vector<BatchItem> items_;
   std::vector<Job*> item_jobs_;
+  // Every token's bytes, for response_format json_object; made when the first
+  // such request starts. Compute thread only.
+  std::unique_ptr<JsonVocabulary> json_vocabulary_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

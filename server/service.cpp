@@ -337,6 +337,7 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
   spec.stop = request.stop;
   spec.logprobs = request.logprobs ? static_cast<std::int32_t>(*request.logprobs) : -1;
   spec.prompt_logprobs = request.echo && spec.logprobs >= 0;
+  spec.json_object = request.json_object;
   if (!request.ignore_eos) {
     const Tokenizer& tokenizer = generation->model->tokenizer();
     if (auto id = tokenizer.eos_id()) spec.end_ids.push_back(*id);

@@ -210,6 +210,18 @@ TEST_F(BadInputTest, EchoOnlyForCompletionsAndMaxTokensZeroOnlyWithIt) {
             200);
 }
 
+TEST_F(BadInputTest, ResponseFormatsOtherThanTextAndJsonObject) {
+  auto e = expect_error("/v1/chat/completions",
+                        R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {}}})",
+                        400, "response_format");
+  EXPECT_NE(e["message"].get<std::string>().find("json_object"), std::string::npos) << e;
+  expect_error("/v1/completions", R"({"prompt": "x", "response_format": {"type": "xml"}})", 400, "response_format");
+  expect_error("/v1/completions", R"({"prompt": "x", "response_format": "json"})", 400, "response_format");
+  EXPECT_EQ(http_post(port(), "/v1/completions",
+                      std::string(R"({"prompt": "x", "max_tokens": 2, "response_format": {"type": "text"}})")).status,
+            200);
+}
+
 TEST_F(BadInputTest, LogitBiasOutOfShapeOrRange) {
   auto message = [](const json& error) { return error["message"].get<std::string>(); };
   auto e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": [1, 2]})", 400, "logit_bias");

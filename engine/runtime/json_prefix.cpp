@@ -1,0 +1,279 @@
+#include "runtime/json_prefix.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace colibri {
+
+namespace {
+
+constexpr std::string_view kLiterals[] = {"true", "false", "null"};
+
+bool is_whitespace(unsigned char byte) { return byte == ' ' || byte == '\t' || byte == '\n' || byte == '\r'; }
+bool is_digit(unsigned char byte) { return byte >= '0' && byte <= '9'; }
+bool is_hex(unsigned char byte) {
+  return is_digit(byte) || (byte >= 'a' && byte <= 'f') || (byte >= 'A' && byte <= 'F');
+}
+
+}  // namespace
+
+bool JsonPrefix::push(unsigned char byte) {
+  const JsonPrefix saved = *this;
+  if (step(byte)) return true;
+  *this = saved;
+  return false;
+}
+
+bool JsonPrefix::push(std::string_view bytes) {
+  const JsonPrefix saved = *this;
+  for (char c : bytes) {
+    if (!step(static_cast<unsigned char>(c))) {
+      *this = saved;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool JsonPrefix::push_on_copy(std::string_view bytes) {
+  for (char c : bytes)
+    if (!step(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+bool JsonPrefix::step(unsigned char byte) {
+  // Whitespace between tokens, where the grammar allows it.
+  switch (state_) {
+    case State::ObjectFirst:
+    case State::ObjectKey:
+    case State::Colon:
+    case State::Value:
+    case State::ArrayFirst:
+    case State::AfterValue:
+    case State::Done:
+      if (is_whitespace(byte)) {
+        if (whitespace_ >= kMaxWhitespaceRun) return false;
+        ++whitespace_;
+        return true;
+      }
+      whitespace_ = 0;
+      break;
+    default:
+      break;
+  }
+  switch (state_) {
+    case State::Start:
+      return byte == '{' && open(false);
+    case State::ObjectFirst:
+      if (byte == '}') return close(false);
+      [[fallthrough]];
+    case State::ObjectKey:
+      if (byte != '"') return false;
+      state_ = State::String;
+      key_ = true;
+      return true;
+    case State::Colon:
+      if (byte != ':') return false;
+      state_ = State::Value;
+      return true;
+    case State::Value:
+      return begin_value(byte);
+    case State::ArrayFirst:
+      if (byte == ']') return close(true);
+      return begin_value(byte);
+    case State::AfterValue:
+      if (byte == ',') {
+        state_ = in_array() ? State::Value : State::ObjectKey;
+        return true;
+      }
+      if (byte == '}' && !in_array()) return close(false);
+      if (byte == ']' && in_array()) return close(true);
+      return false;
+    case State::String:
+      if (utf8_pending_ > 0) {
+        if (byte < utf8_low_ || byte > utf8_high_) return false;
+        --utf8_pending_;
+        utf8_low_ = 0x80;
+        utf8_high_ = 0xBF;
+        return true;
+      }
+      if (byte >= 0x80) return begin_utf8(byte);
+      if (byte == '"') {
+        if (key_) {
+          key_ = false;
+          state_ = State::Colon;
+          return true;
+        }
+        return end_value();
+      }
+      if (byte == '\\') {
+        state_ = State::Escape;
+        return true;
+      }
+      return byte >= 0x20;  // control characters must be escaped
+    case State::Escape:
+      if (byte == 'u') {
+        state_ = State::Unicode;
+        count_ = 0;
+        return true;
+      }
+      if (byte == '"' || byte == '\\' || byte == '/' || byte == 'b' || byte == 'f' || byte == 'n' || byte == 'r' ||
+          byte == 't') {
+        state_ = State::String;
+        return true;
+      }
+      return false;
+    case State::Unicode:
+      if (!is_hex(byte)) return false;
+      if (++count_ == 4) state_ = State::String;
+      return true;
+    case State::Minus:
+      if (byte == '0') state_ = State::Zero;
+      else if (is_digit(byte)) state_ = State::Integer;
+      else return false;
+      return true;
+    case State::Zero:
+    case State::Integer:
+      if (state_ == State::Integer && is_digit(byte)) return true;
+      if (byte == '.') {
+        state_ = State::FractionStart;
+        return true;
+      }
+      if (byte == 'e' || byte == 'E') {
+        state_ = State::ExponentStart;
+        return true;
+      }
+      // The number ended; the byte belongs to what follows it.
+      return end_value() && step(byte);
+    case State::FractionStart:
+      if (!is_digit(byte)) return false;
+      state_ = State::Fraction;
+      return true;
+    case State::Fraction:
+      if (is_digit(byte)) return true;
+      if (byte == 'e' || byte == 'E') {
+        state_ = State::ExponentStart;
+        return true;
+      }
+      return end_value() && step(byte);
+    case State::ExponentStart:
+      if (byte == '+' || byte == '-') {
+        state_ = State::ExponentSign;
+        return true;
+      }
+      [[fallthrough]];
+    case State::ExponentSign:
+      if (!is_digit(byte)) return false;
+      state_ = State::Exponent;
+      count_ = 1;
+      return true;
+    case State::Exponent:
+      if (is_digit(byte)) return ++count_ <= kMaxExponentDigits;
+      return end_value() && step(byte);
+    case State::Literal: {
+      const std::string_view literal = kLiterals[literal_];
+      if (byte != static_cast<unsigned char>(literal[count_])) return false;
+      if (++count_ == literal.size()) return end_value();
+      return true;
+    }
+    case State::Done:
+      return false;  // only whitespace, handled above
+  }
+  return false;
+}
+
+// A multi-byte character's lead byte: how many continuation bytes follow and
+// the range of the first (Unicode's table of well-formed UTF-8 sequences).
+bool JsonPrefix::begin_utf8(unsigned char byte) {
+  utf8_low_ = 0x80;
+  utf8_high_ = 0xBF;
+  if (byte >= 0xC2 && byte <= 0xDF) {
+    utf8_pending_ = 1;
+  } else if (byte >= 0xE0 && byte <= 0xEF) {
+    utf8_pending_ = 2;
+    if (byte == 0xE0) utf8_low_ = 0xA0;   // no overlongs
+    if (byte == 0xED) utf8_high_ = 0x9F;  // no surrogates
+  } else if (byte >= 0xF0 && byte <= 0xF4) {
+    utf8_pending_ = 3;
+    if (byte == 0xF0) utf8_low_ = 0x90;
+    if (byte == 0xF4) utf8_high_ = 0x8F;  // nothing past U+10FFFF
+  } else {
+    return false;  // a continuation byte, an overlong lead or past U+10FFFF
+  }
+  return true;
+}
+
+bool JsonPrefix::begin_value(unsigned char byte) {
+  switch (byte) {
+    case '{': return open(false);
+    case '[': return open(true);
+    case '"':
+      state_ = State::String;
+      key_ = false;
+      return true;
+    case '-': state_ = State::Minus; return true;
+    case '0': state_ = State::Zero; return true;
+    case 't': literal_ = 0; break;
+    case 'f': literal_ = 1; break;
+    case 'n': literal_ = 2; break;
+    default:
+      if (!is_digit(byte)) return false;
+      state_ = State::Integer;
+      return true;
+  }
+  state_ = State::Literal;
+  count_ = 1;
+  return true;
+}
+
+bool JsonPrefix::end_value() {
+  state_ = depth_ == 0 ? State::Done : State::AfterValue;
+  return true;
+}
+
+bool JsonPrefix::open(bool array) {
+  if (depth_ >= kMaxDepth) return false;
+  if (array) stack_ |= std::uint64_t{1} << depth_;
+  else stack_ &= ~(std::uint64_t{1} << depth_);
+  ++depth_;
+  state_ = array ? State::ArrayFirst : State::ObjectFirst;
+  return true;
+}
+
+bool JsonPrefix::close(bool array) {
+  (void)array;  // the callers checked that the closer matches the open container
+  --depth_;
+  return end_value();
+}
+
+JsonVocabulary::JsonVocabulary(std::vector<std::string> token_bytes, std::vector<bool> banned_ids)
+    : bytes(std::move(token_bytes)), banned(std::move(banned_ids)), plain(bytes.size()) {
+  banned.resize(bytes.size());
+  for (std::size_t id = 0; id < bytes.size(); ++id)
+    plain[id] = !bytes[id].empty() && std::all_of(bytes[id].begin(), bytes[id].end(), [](char c) {
+      return c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
+    });
+}
+
+std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits) {
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  std::size_t selectable = 0;
+  const std::size_t n = std::min(logits.size(), vocabulary.bytes.size());
+  const bool in_string = state.in_plain_string();
+  for (std::size_t id = 0; id < n; ++id) {
+    const std::string& bytes = vocabulary.bytes[id];
+    // A token without bytes makes no progress: a model could emit it forever.
+    bool ok = !vocabulary.banned[id] && !bytes.empty();
+    if (ok && !(in_string && vocabulary.plain[id])) {
+      JsonPrefix next = state;
+      ok = next.push_on_copy(bytes);
+    }
+    if (ok) ++selectable;
+    else logits[id] = kBanned;
+  }
+  for (std::size_t id = n; id < logits.size(); ++id) logits[id] = kBanned;
+  return selectable;
+}
+
+}  // namespace colibri
