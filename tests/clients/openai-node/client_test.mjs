@@ -103,6 +103,15 @@ check('completions: echo with logprobs scores the prompt (max_tokens 0)', async 
   assert.equal(scored.usage.completion_tokens, 0);
 });
 
+check('chat: response_format json_object keeps the reply JSON', async () => {
+  const reply = await client.chat.completions.create({
+    model, messages, max_tokens: 40, temperature: 1, seed: 3, response_format: { type: 'json_object' },
+  });
+  const { content } = reply.choices[0].message;
+  assert.ok(content.startsWith('{'), content);
+  if (reply.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(content), 'object');
+});
+
 // The client's error classes come from the status; the body's param and code reach it.
 async function expectError(promise, Kind, status, param) {
   try {
