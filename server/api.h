@@ -121,19 +121,12 @@ enum class Finish {
 };
 const char* finish_name(Finish finish);
 
-// One token's log-probability under the model's own distribution
-// (runtime/logprobs.h) and the most likely tokens at its position. The
-// prompt's first token has none: logprob is NaN and top empty.
-struct TokenLogprob {
-  std::int32_t token = 0;
-  float logprob = 0.0f;
-  std::vector<TopLogprob> top;
-};
-
 struct StreamChunk {
   std::string text;                  // valid UTF-8
   std::vector<std::int32_t> tokens;  // ids this chunk covers
-  std::vector<TokenLogprob> logprobs;  // one per token, when the request asked for them
+  // One per token when the request asked for them: log-probabilities under
+  // the model's own distribution (runtime/logprobs.h).
+  std::vector<TokenLogprob> logprobs;
   // Once, when the prompt is processed, for echo with logprobs: one entry per
   // prompt token (the first without a log-probability). Not in `tokens`.
   std::vector<TokenLogprob> prompt_logprobs;

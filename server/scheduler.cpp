@@ -341,14 +341,7 @@ void Scheduler::add_decode(Job& job) {
 
   auto step = job.stops->push(job.decoder->push(token));
   StreamChunk chunk{std::move(step.emit), {token}, {}};
-  if (logprobs) {
-    TokenLogprob& entry = chunk.logprobs.emplace_back();
-    entry.token = token;
-    entry.top.resize(static_cast<std::size_t>(job.spec.logprobs));
-    const TokenLogprobs read = read_logprobs(job.raw_logits, token, entry.top);
-    entry.logprob = read.chosen;
-    entry.top.resize(read.top_count);
-  }
+  if (logprobs) chunk.logprobs.push_back(read_token_logprob(job.raw_logits, token, job.spec.logprobs));
   if (!job.channel->push(std::move(chunk))) {
     finish(job, Finish::SlowClient,
            ApiError::invalid(fmt::format("the client did not read its stream fast enough ({} chunks "
@@ -412,14 +405,8 @@ void Scheduler::run_batch() {
 }
 
 void Scheduler::score_prompt_token(Job& job, float* logits) {
-  const std::int32_t next = job.spec.prompt[job.fed + 1];
-  TokenLogprob& entry = job.prompt_entries.emplace_back();
-  entry.token = next;
-  entry.top.resize(static_cast<std::size_t>(job.spec.logprobs));
-  const TokenLogprobs read =
-      read_logprobs(std::span<float>(logits, static_cast<std::size_t>(model_->config().vocab)), next, entry.top);
-  entry.logprob = read.chosen;
-  entry.top.resize(read.top_count);
+  job.prompt_entries.push_back(read_token_logprob(std::span<float>(logits, static_cast<std::size_t>(model_->config().vocab)),
+                                                  job.spec.prompt[job.fed + 1], job.spec.logprobs));
 }
 
 void Scheduler::finish_with_flush(Job& job, Finish reason) {

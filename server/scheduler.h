@@ -144,7 +144,8 @@ class Scheduler {
   std::vector<BatchItem> items_;
   std::vector<Job*> item_jobs_;
   // Every token's bytes, for response_format json_object; made when the first
-  // such request starts. Compute thread only.
+  // such request starts (one pass over the vocabulary, once per model).
+  // Compute thread only.
   std::unique_ptr<JsonVocabulary> json_vocabulary_;
 
   mutable std::mutex mutex_;

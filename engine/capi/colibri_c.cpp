@@ -325,7 +325,7 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     token_logprobs.reset(new float[std::max<std::size_t>(n, 1)]);
     if (width > 0) top_logprobs.reset(new colibri_top_logprob[std::max<std::size_t>(n * width, 1)]);
     for (std::size_t i = 0; i < n; ++i) {
-      const GeneratedLogprob& entry = output->logprobs[i];
+      const TokenLogprob& entry = output->logprobs[i];
       token_logprobs[i] = entry.logprob;
       for (std::size_t k = 0; k < width; ++k)
         top_logprobs[i * width + k] = k < entry.top.size()

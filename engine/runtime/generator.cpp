@@ -102,13 +102,7 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     }
     output.tokens.push_back(token);
     history.push_back(token);
-    if (options.logprobs >= 0) {
-      GeneratedLogprob& entry = output.logprobs.emplace_back();
-      entry.top.resize(static_cast<std::size_t>(options.logprobs));
-      const TokenLogprobs read = read_logprobs(raw_logits, token, entry.top);
-      entry.logprob = read.chosen;
-      entry.top.resize(read.top_count);
-    }
+    if (options.logprobs >= 0) output.logprobs.push_back(read_token_logprob(raw_logits, token, options.logprobs));
     running = deliver(detokenizer.push(token));
     if (!running) break;
     if (n + 1 == options.max_tokens) break;

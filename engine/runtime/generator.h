@@ -36,16 +36,11 @@ struct GenerateOptions {
   std::int32_t logprobs = -1;
 };
 
-struct GeneratedLogprob {
-  float logprob = 0.0f;
-  std::vector<TopLogprob> top;  // most likely first
-};
-
 struct GenerateOutput {
   std::vector<std::int32_t> tokens;  // generated ids (an end-of-sequence id is not included)
   std::string text;                  // what was streamed, stop string excluded
   FinishReason finish = FinishReason::Length;
-  std::vector<GeneratedLogprob> logprobs;  // one per token, when options.logprobs >= 0
+  std::vector<TokenLogprob> logprobs;  // one per token, when options.logprobs >= 0
 };
 
 // Receives displayable UTF-8 text as soon as it is complete; returning false

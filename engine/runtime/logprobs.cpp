@@ -129,4 +129,14 @@ TokenLogprobs read_logprobs(std::span<float> logits, std::int32_t chosen, std::s
   return result;
 }
 
+TokenLogprob read_token_logprob(std::span<float> logits, std::int32_t token, std::int32_t top) {
+  TokenLogprob entry;
+  entry.token = token;
+  entry.top.resize(static_cast<std::size_t>(top));
+  const TokenLogprobs read = read_logprobs(logits, token, entry.top);
+  entry.logprob = read.chosen;
+  entry.top.resize(read.top_count);
+  return entry;
+}
+
 }  // namespace colibri

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace colibri {
 
@@ -27,6 +28,19 @@ struct TokenLogprobs {
   float chosen = 0.0f;        // log p(chosen); -inf for an id outside the row
   std::size_t top_count = 0;  // entries written to `top`
 };
+
+// One token's log-probability and the most likely tokens at its position,
+// most likely first. An echoed prompt's first token has none: logprob NaN,
+// top empty.
+struct TokenLogprob {
+  std::int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TopLogprob> top;
+};
+
+// read_logprobs for `token` with `top` alternatives (0..kMaxTopLogprobs), into
+// a new TokenLogprob (its one allocation: the alternatives).
+TokenLogprob read_token_logprob(std::span<float> logits, std::int32_t token, std::int32_t top);
 
 // log p(chosen) and the top.size() most likely tokens of one row of raw
 // logits, into `top` most likely first (ties: lower id first); fewer only
