@@ -255,17 +255,7 @@ void Scheduler::start_job(Job& job) {
   if (job.spec.logprobs >= 0) job.raw_logits.resize(static_cast<std::size_t>(vocab));
   if (job.spec.json_object) {
     job.json.emplace();
-    if (json_vocabulary_ == nullptr) {
-      // Once per model (vocabulary-sized): the bytes each token would add.
-      const Tokenizer& tokenizer = model_->tokenizer();
-      std::vector<std::string> bytes(static_cast<std::size_t>(vocab));
-      std::vector<bool> special(static_cast<std::size_t>(vocab));
-      for (std::int32_t id = 0; id < vocab; ++id) {
-        bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
-        special[static_cast<std::size_t>(id)] = tokenizer.is_special(id);
-      }
-      json_vocabulary_ = std::make_unique<JsonVocabulary>(std::move(bytes), std::move(special));
-    }
+    if (json_vocabulary_ == nullptr) json_vocabulary_ = std::make_unique<JsonVocabulary>(json_vocabulary(model_->tokenizer()));
   }
   if (job.spec.prompt_logprobs) {
     job.prompt_logits.resize(static_cast<std::size_t>(kScoredPromptTokensPerStep) * static_cast<std::size_t>(vocab));

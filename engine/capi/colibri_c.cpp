@@ -43,6 +43,9 @@ struct colibri_model {
   std::string arch;
   std::string arch_name;
   std::string path;
+  // Every token's bytes for json_object requests, made by the first one.
+  mutable std::once_flag json_once;
+  mutable std::unique_ptr<colibri::JsonVocabulary> json;
 };
 
 struct colibri_router {
@@ -249,6 +252,15 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     return failf(function, COLIBRI_ERR_INVALID_ARGUMENT, "params->logprobs must be -1 (none) or 0 to {}, got {}",
                  kMaxTopLogprobs, params.logprobs);
   options.logprobs = params.logprobs;
+  if (!is_bool(params.json_object))
+    return failf(function, COLIBRI_ERR_INVALID_ARGUMENT, "params->json_object must be 0 or 1, got {}",
+                 params.json_object);
+  if (params.json_object != 0) {
+    std::call_once(model->json_once, [&] {
+      model->json = std::make_unique<colibri::JsonVocabulary>(json_vocabulary(model->model->tokenizer()));
+    });
+    options.json = model->json.get();
+  }
   if (auto status = validate(options.sampling); !status.ok())
     return fail(function, COLIBRI_ERR_INVALID_ARGUMENT, status.error().message);
   options.ignore_eos = params.ignore_eos != 0;
@@ -317,6 +329,7 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     case FinishReason::StopString: result->finish_reason = COLIBRI_FINISH_STOP; break;
     case FinishReason::ContextFull: result->finish_reason = COLIBRI_FINISH_CONTEXT_FULL; break;
     case FinishReason::Cancelled: result->finish_reason = COLIBRI_FINISH_CANCELLED; break;
+    case FinishReason::JsonComplete: result->finish_reason = COLIBRI_FINISH_JSON_COMPLETE; break;
   }
   std::unique_ptr<float[]> token_logprobs;
   std::unique_ptr<colibri_top_logprob[]> top_logprobs;
@@ -661,6 +674,7 @@ COLIBRI_API colibri_inference_params colibri_inference_params_default(void) {
   p.logit_bias_values = nullptr;
   p.n_logit_bias = 0;
   p.logprobs = -1;
+  p.json_object = 0;
   return p;
 }
 
@@ -671,6 +685,7 @@ COLIBRI_API const char* colibri_finish_reason_name(colibri_finish_reason reason)
     case COLIBRI_FINISH_STOP: return "stop";
     case COLIBRI_FINISH_CONTEXT_FULL: return "context_full";
     case COLIBRI_FINISH_CANCELLED: return "cancelled";
+    case COLIBRI_FINISH_JSON_COMPLETE: return "json_complete";
   }
   return "unknown";
 }

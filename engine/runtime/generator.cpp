@@ -1,6 +1,8 @@
 #include "runtime/generator.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 #include "runtime/stop_strings.h"
 
@@ -13,6 +15,7 @@ std::string_view finish_reason_name(FinishReason reason) {
     case FinishReason::StopString: return "stop";
     case FinishReason::ContextFull: return "context_full";
     case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::JsonComplete: return "json_complete";
   }
   return "unknown";
 }
@@ -53,6 +56,8 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
   StreamingDecoder detokenizer(tokenizer);
   StopStringMatcher stops(options.stop);
   GenerateOutput output;
+  std::optional<JsonPrefix> json;
+  if (options.json != nullptr) json.emplace();
 
   auto feed = [&](std::int32_t token) -> Status {
     std::int32_t position = session.position();
@@ -92,6 +97,15 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
   bool running = true;
   for (std::int32_t n = 0; n < options.max_tokens && running; ++n) {
     if (options.logprobs >= 0) std::copy(logits.begin(), logits.end(), raw_logits.begin());
+    if (json) {
+      // The object's closing brace ends the generation, never an end id.
+      const std::size_t selectable = mask_json_logits(*json, *options.json, logits);
+      for (std::int32_t id : end_ids)
+        if (id >= 0 && id < vocab) logits[static_cast<std::size_t>(id)] = -std::numeric_limits<float>::infinity();
+      if (selectable == 0)
+        return make_error("json output: no token of the vocabulary continues the JSON text at position {}",
+                          session.position());
+    }
     std::int32_t token = sampler.sample(logits, history);
     if (token == Sampler::kNoToken)
       return make_error("no token can be sampled: every logit is NaN or -inf at position {}",
@@ -105,6 +119,13 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     if (options.logprobs >= 0) output.logprobs.push_back(read_token_logprob(raw_logits, token, options.logprobs));
     running = deliver(detokenizer.push(token));
     if (!running) break;
+    if (json) {
+      json->push(options.json->bytes[static_cast<std::size_t>(token)]);  // masked: it continues
+      if (json->complete()) {
+        output.finish = FinishReason::JsonComplete;
+        break;
+      }
+    }
     if (n + 1 == options.max_tokens) break;
     if (session.position() >= session.max_context()) {
       output.finish = FinishReason::ContextFull;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "runtime/json_prefix.h"
 #include "runtime/logprobs.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -22,6 +23,7 @@ enum class FinishReason {
   StopString,   // one of the caller's stop strings appeared
   ContextFull,  // the session has no room for another position
   Cancelled,    // the text callback asked to stop
+  JsonComplete, // options.json: the JSON object closed
 };
 
 std::string_view finish_reason_name(FinishReason reason);
@@ -34,6 +36,10 @@ struct GenerateOptions {
   // >= 0: report each generated token's log-probability and this many most
   // likely alternatives (runtime/logprobs.h: the model's own distribution).
   std::int32_t logprobs = -1;
+  // Set: the output is constrained to one JSON object (runtime/json_prefix.h)
+  // and ends when it closes. The vocabulary's bytes come from
+  // json_vocabulary(tokenizer), made once per model by the caller.
+  const JsonVocabulary* json = nullptr;
 };
 
 struct GenerateOutput {

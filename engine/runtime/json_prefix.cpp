@@ -1,5 +1,7 @@
 #include "runtime/json_prefix.h"
 
+#include "tokenizer/tokenizer.h"
+
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -254,6 +256,17 @@ JsonVocabulary::JsonVocabulary(std::vector<std::string> token_bytes, std::vector
     plain[id] = !bytes[id].empty() && std::all_of(bytes[id].begin(), bytes[id].end(), [](char c) {
       return c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
     });
+}
+
+JsonVocabulary json_vocabulary(const Tokenizer& tokenizer) {
+  const std::int32_t vocab = tokenizer.vocab_size();
+  std::vector<std::string> bytes(static_cast<std::size_t>(vocab));
+  std::vector<bool> special(static_cast<std::size_t>(vocab));
+  for (std::int32_t id = 0; id < vocab; ++id) {
+    bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
+    special[static_cast<std::size_t>(id)] = tokenizer.is_special(id);
+  }
+  return JsonVocabulary(std::move(bytes), std::move(special));
 }
 
 std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits) {

@@ -100,6 +100,10 @@ struct JsonVocabulary {
   std::vector<bool> plain;
 };
 
+class Tokenizer;
+// Every token's bytes as they read mid-text; special tokens banned.
+JsonVocabulary json_vocabulary(const Tokenizer& tokenizer);
+
 // Sets to -inf the logits of every token whose bytes cannot continue `state`
 // (banned ones always). Returns how many stay selectable. Never allocates.
 std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits);

@@ -30,6 +30,7 @@
 #include "model/model.h"
 #include "moe/router.h"
 #include "runtime/generator.h"
+#include "runtime/json_prefix.h"
 #include "runtime/session.h"
 
 // Every function declared in colibri.h; ExportsEveryHeaderFunction checks the
@@ -927,6 +928,53 @@ TEST_F(CApiModel, InferenceParamsDefaults) {
   EXPECT_EQ(p.logit_bias_values, nullptr);
   EXPECT_EQ(p.n_logit_bias, 0u);
   EXPECT_EQ(p.logprobs, -1);
+  EXPECT_EQ(p.json_object, 0);
+}
+
+// json_object: the text is always the start of a JSON object (checked by the
+// engine's own JsonPrefix, itself tested against a JSON parser), and with '}'
+// favoured the object closes at once, which ends the generation.
+TEST_F(CApiModel, JsonObjectConstrainsTheText) {
+  const std::string text = prompt();
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    colibri_inference_params params = lib::colibri_inference_params_default();
+    params.max_tokens = 40;
+    params.temperature = 1.0f;
+    params.seed = seed;
+    params.json_object = 1;
+    Output got = infer(text, params);
+    colibri::JsonPrefix json;
+    EXPECT_TRUE(json.push(std::string_view(got.text))) << got.text;
+    ASSERT_FALSE(got.text.empty());
+    EXPECT_EQ(got.text.front(), '{');
+    if (got.finish == COLIBRI_FINISH_JSON_COMPLETE) {
+      EXPECT_TRUE(json.complete());
+      EXPECT_TRUE(nlohmann::json::accept(got.text)) << got.text;
+    } else {
+      EXPECT_EQ(got.finish, COLIBRI_FINISH_LENGTH);
+    }
+  }
+  auto engine_model = colibri::Model::load(path());
+  ASSERT_TRUE(engine_model.ok());
+  const auto brace = (*engine_model)->tokenizer().token_to_id("}");
+  ASSERT_TRUE(brace.has_value());
+  const int32_t close = *brace;
+  const float bias = 100.0f;
+  colibri_inference_params params = lib::colibri_inference_params_default();
+  params.max_tokens = 40;
+  params.ignore_eos = 1;
+  params.json_object = 1;
+  params.logit_bias_tokens = &close;
+  params.logit_bias_values = &bias;
+  params.n_logit_bias = 1;
+  Output closed = infer(text, params);
+  EXPECT_EQ(closed.text, "{}");
+  EXPECT_EQ(closed.finish, COLIBRI_FINISH_JSON_COMPLETE);
+  EXPECT_STREQ(lib::colibri_finish_reason_name(COLIBRI_FINISH_JSON_COMPLETE), "json_complete");
+  params.json_object = 2;
+  colibri_result* result = nullptr;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_inference(model_, text.c_str(), &params, &result),
+                "colibri_inference");
 }
 
 // logit_bias and logprobs as the engine's generate() gives them; the

@@ -204,3 +204,18 @@ def test_logit_bias_and_logprobs(fixture_path):
         model.generate(prompt, max_tokens=2, logprobs=21)
     with pytest.raises(colibri.OutOfRangeError, match="logit_bias_tokens"):
         model.generate(prompt, max_tokens=2, logit_bias={10**6: 1.0})
+
+
+def test_json_object(fixture_path):
+    model = colibri.Model(fixture_path("mixtral-tiny"))
+    # The id whose text is "}" alone (SentencePiece may tokenize "}" with a leading space).
+    closing = next(i for i in range(model.info.vocab) if model.detokenize_bytes([i]) == b"}")
+    result = model.generate("The quick brown fox", max_tokens=40, ignore_eos=True, json_object=True,
+                            logit_bias={closing: 100})
+    assert result.text == "{}"
+    assert result.finish_reason == "json_complete"
+    sampled = model.generate("The quick brown fox", max_tokens=24, temperature=1.0, seed=4, json_object=True)
+    assert sampled.text.startswith("{")
+    assert sampled.finish_reason in ("json_complete", "length")
+    if sampled.finish_reason == "json_complete":
+        assert isinstance(json.loads(sampled.text), dict)

@@ -388,12 +388,15 @@ class Model:
         on_text: Optional[Callable[[str], Optional[bool]]] = None,
         logit_bias: Optional[dict] = None,
         logprobs: Optional[int] = None,
+        json_object: bool = False,
     ) -> Result:
         """Generates from a text prompt or from prompt token ids. Defaults are
         greedy decoding (temperature 0), as colibri-run. `on_text` receives each
         piece of text as it completes; returning False cancels. `logit_bias`
         maps token ids to biases in [-100, 100] added to their logits.
-        `logprobs=N` (0-20) fills Result.logprobs and Result.top_logprobs."""
+        `logprobs=N` (0-20) fills Result.logprobs and Result.top_logprobs.
+        `json_object=True` constrains the text to one JSON object; generation
+        ends when it closes (finish_reason "json_complete")."""
         lib = _ffi.lib()
         params = lib.colibri_inference_params_default()
         _set_int(params, "max_tokens", max_tokens)
@@ -430,6 +433,7 @@ class Model:
             params.n_logit_bias = bias_ids.size
         if logprobs is not None:
             _set_int(params, "logprobs", logprobs)
+        params.json_object = 1 if json_object else 0
 
         failure: list = []
         callback = None

@@ -37,7 +37,7 @@ CACHE_LRU = 0
 CACHE_LFU = 1
 CACHE_FIFO = 2
 
-FINISH_REASONS = {0: "length", 1: "eos", 2: "stop", 3: "context_full", 4: "cancelled"}
+FINISH_REASONS = {0: "length", 1: "eos", 2: "stop", 3: "context_full", 4: "cancelled", 5: "json_complete"}
 
 c_size_t = ctypes.c_size_t
 c_int32 = ctypes.c_int32
@@ -126,6 +126,7 @@ class InferenceParams(ctypes.Structure):
         ("logit_bias_values", ctypes.POINTER(c_float)),
         ("n_logit_bias", c_size_t),
         ("logprobs", c_int32),
+        ("json_object", c_int32),
     ]
 
 

@@ -380,6 +380,9 @@ typedef struct colibri_inference_params {
                                        own distribution (raw logits: before logit_bias,
                                        penalties and temperature) and this many most
                                        likely alternatives per token. */
+  int32_t json_object;              /* 0 or 1: constrain the output to one JSON object;
+                                       generation ends (COLIBRI_FINISH_JSON_COMPLETE) when
+                                       it closes. Default 0. */
 } colibri_inference_params;
 
 /* struct_size set, every field at its default (greedy, 128 tokens). */
@@ -390,10 +393,11 @@ typedef enum colibri_finish_reason {
   COLIBRI_FINISH_EOS = 1,          /* the model produced end-of-sequence (not in tokens) */
   COLIBRI_FINISH_STOP = 2,         /* a stop string appeared */
   COLIBRI_FINISH_CONTEXT_FULL = 3, /* no room for another position */
-  COLIBRI_FINISH_CANCELLED = 4     /* on_text returned 0 */
+  COLIBRI_FINISH_CANCELLED = 4,    /* on_text returned 0 */
+  COLIBRI_FINISH_JSON_COMPLETE = 5 /* params->json_object: the JSON object closed */
 } colibri_finish_reason;
 
-/* "length", "eos", "stop", "context_full", "cancelled"; "unknown" otherwise. */
+/* "length", "eos", "stop", "context_full", "cancelled", "json_complete"; "unknown" otherwise. */
 COLIBRI_API const char* colibri_finish_reason_name(colibri_finish_reason reason);
 
 /* One alternative at a generated position. */
