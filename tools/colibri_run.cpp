@@ -100,6 +100,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.sampling.seed, "Random seed for sampling")->capture_default_str();
   app.add_option("--stop", options.stop, "Stop when this text appears (repeatable)");
   app.add_flag("--ignore-eos", options.ignore_eos, "Keep generating past the end-of-sequence token");
+  bool json_object = false;
+  app.add_flag("--json-object", json_object,
+               "Constrain the output to one JSON object; generation ends when it closes (as the server's "
+               "response_format json_object)");
   app.add_option("-c,--context", context, "Context length (0 = the model's, at most 4096)")->capture_default_str();
   app.add_flag("--parse-special", parse_special,
                "Let special-token text in the prompt (e.g. <|im_start|>) become control tokens");
@@ -195,6 +199,11 @@ int main(int argc, char** argv) {
     return true;
   };
 
+  colibri::JsonVocabulary json_vocabulary({}, {});
+  if (json_object) {
+    json_vocabulary = colibri::json_vocabulary(tokenizer);
+    options.json = &json_vocabulary;
+  }
   auto start = std::chrono::steady_clock::now();
   // Without --logits-out the prompt goes through the layers in batches
   // (Session::prefill); the observer would need every position's logits.

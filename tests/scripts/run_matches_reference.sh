@@ -26,3 +26,24 @@ for fixture in mixtral-tiny qwen2moe-tiny qwen3moe-tiny olmoe-tiny; do
     python3 "$here/../tools/compare_logits.py" "$work/out.json" "$dir/reference.json" --prompt-id "$id"
   done
 done
+
+# --json-object: whatever the model would say, what it prints is the start of a
+# JSON object, and a generation that ends by itself is a whole one.
+for seed in 1 2 3; do
+  "$run" --model "$data_dir/fixtures/qwen3moe-tiny" --prompt "Reply in JSON:" --json-object --max-tokens 48 \
+    --temperature 1 --seed "$seed" > "$work/json.txt" 2> "$work/err.txt" || { echo "FAIL --json-object: exit $?"; cat "$work/err.txt"; exit 1; }
+  finish=$(sed -n 's/.*finish=\([a-z_]*\).*/\1/p' "$work/err.txt")
+  python3 - "$work/json.txt" "$finish" <<'PY' || exit 1
+import json, sys
+text = open(sys.argv[1], encoding="utf-8").read()[:-1]  # colibri-run ends with a newline
+finish = sys.argv[2]
+if not text.startswith("{"):
+    sys.exit(f"FAIL --json-object: the text does not start with an object: {text!r}")
+if finish == "json_complete":
+    if not isinstance(json.loads(text), dict):
+        sys.exit(f"FAIL --json-object: not an object: {text!r}")
+elif finish != "length":
+    sys.exit(f"FAIL --json-object: finish={finish}")
+print(f"--json-object: finish={finish}, {len(text)} characters")
+PY
+done
