@@ -36,6 +36,7 @@ struct Options {
   std::int32_t threads = 1;
   std::int32_t repeat = 5;
   bool ffn_one_plane = false;  // FFN products take one int8 plane instead of two
+  bool gate_up_one_plane = false;  // only the gate and up products (decode_activations int8-ffn)
   bool batched_only = false;   // skip the one-after-another runs and the prefill (for profiling)
   colibri::WeightsMemory weights = colibri::WeightsMemory::Auto;
 };
@@ -44,7 +45,7 @@ struct Options {
   if (error != nullptr) std::fprintf(stderr, "error: %s\n\n", error);
   std::fprintf(stderr,
                "usage: colibri-batch-bench MODEL [--sessions 1,8] [--steps 64] [--prompt 128]\n"
-               "                           [--threads 1] [--repeat 5] [--ffn-one-plane]\n"
+               "                           [--threads 1] [--repeat 5] [--ffn-one-plane | --gate-up-one-plane]\n"
                "                           [--weights auto|map|copy] [--batched-only]\n"
                "  MODEL       a .colibri file, GGUF file or Hugging Face directory\n"
                "  --sessions  session counts to compare (decode: batched vs one after another)\n"
@@ -53,6 +54,8 @@ struct Options {
                "  --threads   compute team size (1: no team)\n"
                "  --ffn-one-plane  decode sessions' FFN products (experts) take one int8 activation plane\n"
                "              (ActivationMode::Int8) instead of two: what batched arithmetic that costs\n"
+               "  --gate-up-one-plane  only the gate and up products take one plane (the server's\n"
+               "              decode_activations int8-ffn, within the int8 fidelity bounds)\n"
                "  --repeat    runs per figure; the median is reported\n"
                "  --batched-only  only the batched decode runs (no serial runs, no prefill): a profile\n"
                "              of the batched step alone\n"
@@ -78,6 +81,10 @@ Options parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") usage(nullptr);
     if (arg == "--ffn-one-plane") {
       o.ffn_one_plane = true;
+      continue;
+    }
+    if (arg == "--gate-up-one-plane") {
+      o.gate_up_one_plane = true;
       continue;
     }
     if (arg == "--batched-only") {
@@ -177,10 +184,11 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<colibri::Session>> sessions;
     for (std::int32_t s = 0; s < n; ++s)
       sessions.push_back(std::make_unique<colibri::Session>(model, context, team.get()));
-    if (o.ffn_one_plane)
+    if (o.ffn_one_plane || o.gate_up_one_plane)
       for (auto& session : sessions) {
         colibri::ActivationModes modes = session->activation_modes();
-        modes.ffn_gate_up = modes.ffn_down = colibri::ActivationMode::Int8;
+        modes.ffn_gate_up = colibri::ActivationMode::Int8;
+        if (o.ffn_one_plane) modes.ffn_down = colibri::ActivationMode::Int8;
         session->set_activation_modes(modes);
       }
     std::vector<std::vector<float>> outputs(static_cast<std::size_t>(n), std::vector<float>(static_cast<std::size_t>(vocab)));

@@ -88,6 +88,14 @@ const std::array kOptions = {
                "twice the rate): faster prefill and time to first token, at a measured fidelity cost "
                "within the int8 bounds (docs/KERNELS.md, 'Prefill modes').",
                Reload::Hot},
+    OptionSpec{"decode_activations", &C::decode_activations, 0, 0, "same|int8-ffn",
+               "How generated tokens are multiplied. same: int8 activations with a residual plane, exactly "
+               "colibri-run's results. int8-ffn: one int8 plane for the FFN gate and up products, as "
+               "prefill_activations int8-ffn: more tokens per second when many sessions decode together "
+               "(their steps are arithmetic-bound; a single stream is bandwidth-bound and gains little), "
+               "at the same measured fidelity cost within the int8 bounds, and outputs no longer equal "
+               "colibri-run's.",
+               Reload::Hot},
     OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
                "Threads of the compute team that splits each token's matrix products (the scheduler's own "
                "thread is one of them). 0 (default) means the cores this process may use (its CPU affinity: "

@@ -40,6 +40,7 @@ struct Config {
   std::int64_t prefill_chunk = 64;
   std::int64_t prefill_chunk_idle = 256;
   std::string prefill_activations = "same";
+  std::string decode_activations = "same";
   std::int64_t compute_threads = 0;
   std::string compute_cores;
   std::int64_t stream_buffer_chunks = 1024;

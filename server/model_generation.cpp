@@ -186,6 +186,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
   options.prefill_chunk_idle = static_cast<std::int32_t>(config.prefill_chunk_idle);
   if (config.prefill_activations == "int8-ffn") options.prefill_modes = kPrefillInt8Ffn;
+  if (config.decode_activations == "int8-ffn") options.decode_modes = kPrefillInt8Ffn;
   options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
   options.queue_timeout_ms = config.queue_timeout_ms;
   options.routing_metrics = config.routing_metrics;

@@ -245,7 +245,7 @@ void Scheduler::run() {
 void Scheduler::start_job(Job& job) {
   const std::int32_t vocab = model_->config().vocab;
   job.session->reset();
-  job.session->set_activation_modes(options_.prefill_modes.value_or(ActivationModes{}));
+  job.session->set_activation_modes(options_.prefill_modes.value_or(options_.decode_modes));
   job.sampler = std::make_unique<Sampler>(job.spec.sampling, vocab);
   job.decoder.emplace(model_->tokenizer());
   job.stops.emplace(job.spec.stop);
@@ -376,7 +376,7 @@ void Scheduler::run_batch() {
         if (job.spec.prompt_logprobs && job.fed + 1 < job.spec.prompt.size()) score_prompt_token(job, items_[i].logits);
         ++job.fed;
         ++prompt_tokens;
-        if (!job.prefilling() && options_.prefill_modes) job.session->set_activation_modes(ActivationModes{});
+        if (!job.prefilling() && options_.prefill_modes) job.session->set_activation_modes(options_.decode_modes);
         if (!job.prefilling() && job.spec.prompt_logprobs) {
           StreamChunk scored;
           scored.prompt_logprobs = std::move(job.prompt_entries);

@@ -52,6 +52,9 @@ struct SchedulerOptions {
   // included), as Session::set_prefill_activation_modes; its generated tokens
   // use the default modes. Null: the default modes throughout.
   std::optional<ActivationModes> prefill_modes;
+  // Activation modes of generated tokens (decode_activations); the defaults
+  // keep a request's tokens equal to colibri-run's.
+  ActivationModes decode_modes{};
   std::int32_t compute_threads = 1;          // team size; 0 = available cores, 1 = no team
   std::vector<std::int32_t> compute_cores;   // pin the team here (empty: unpinned)
   std::size_t stream_buffer_chunks = 1024;

@@ -207,6 +207,66 @@ TEST_F(SchedulerTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
   EXPECT_TRUE(any_differs_from_default) << "the fixture no longer tells the modes apart: the check above proves less";
 }
 
+TEST_F(SchedulerTest, DecodeModesGiveWhatASessionInThoseModesGives) {
+  // decode_modes = kPrefillInt8Ffn (decode_activations int8-ffn), no prefill
+  // modes: every token of a request, prompt and generated, in those modes,
+  // as a Session set to them alone, whatever it is batched with.
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("colibri-scheduler-decode-int8-" + std::to_string(::getpid()) + ".colibri");
+  ASSERT_TRUE(colibri_test::convert_checkpoint(colibri_test::fixture_dir("olmoe-tiny"), path, "int8").ok());
+  auto loaded = Model::load(path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(loaded.ok());
+  const std::shared_ptr<const Model> model = *loaded;
+  SamplingParams sampling;
+  sampling.temperature = 1.0f;
+  sampling.seed = 99;
+  GenerateOptions options;
+  options.max_tokens = 48;
+  options.ignore_eos = true;
+  options.sampling = sampling;
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<GenerateOutput> alone;
+  bool any_differs_from_default = false;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> p = {39, 68, 423, 78, 278, 260, 11, 12};
+    for (int j = 0; j < 3 * i; ++j) p.push_back(static_cast<std::int32_t>(300 + 5 * i + j));
+    prompts.push_back(p);
+    Session session(model, 256);
+    session.set_activation_modes(kPrefillInt8Ffn);
+    auto out = generate(session, p, options, {});
+    ASSERT_TRUE(out.ok());
+    alone.push_back(*out);
+    Session plain(model, 256);
+    auto out_default = generate(plain, p, options, {});
+    ASSERT_TRUE(out_default.ok());
+    any_differs_from_default = any_differs_from_default || out->tokens != out_default->tokens;
+  }
+  Metrics metrics;
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_sessions = 4;
+  scheduler_options.context = 256;
+  scheduler_options.prefill_chunk = 5;
+  scheduler_options.prefill_chunk_idle = 0;
+  scheduler_options.decode_modes = kPrefillInt8Ffn;
+  Scheduler scheduler(model, scheduler_options, metrics);
+  scheduler.start();
+  std::vector<std::shared_ptr<StreamChannel>> channels;
+  for (const auto& p : prompts) {
+    GenerationJobSpec spec = job(p, 48);
+    spec.sampling = sampling;
+    auto channel = scheduler.submit(std::move(spec));
+    ASSERT_TRUE(channel.ok());
+    channels.push_back(*channel);
+  }
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(drain(*channels[i]).tokens, alone[i].tokens);
+  }
+  scheduler.stop();
+  EXPECT_TRUE(any_differs_from_default) << "the fixture no longer tells the modes apart: the check above proves less";
+}
+
 TEST_F(SchedulerTest, ShortPromptsThatArriveTogetherShareAStep) {
   // prefill_chunk is a budget of prompt tokens per step shared by the
   // prefilling requests, oldest first: four 6-token prompts queued before the
