@@ -93,6 +93,12 @@ bool JsonPrefix::step(unsigned char byte) {
       if (byte == ']' && in_array()) return close(true);
       return false;
     case State::String:
+      // After a high surrogate escape only its low half may come.
+      if (low_due_) {
+        if (byte != '\\') return false;
+        state_ = State::Escape;
+        return true;
+      }
       if (utf8_pending_ > 0) {
         if (byte < utf8_low_ || byte > utf8_high_) return false;
         --utf8_pending_;
@@ -118,18 +124,31 @@ bool JsonPrefix::step(unsigned char byte) {
       if (byte == 'u') {
         state_ = State::Unicode;
         count_ = 0;
+        code_ = 0;
         return true;
       }
+      if (low_due_) return false;
       if (byte == '"' || byte == '\\' || byte == '/' || byte == 'b' || byte == 'f' || byte == 'n' || byte == 'r' ||
           byte == 't') {
         state_ = State::String;
         return true;
       }
       return false;
-    case State::Unicode:
+    case State::Unicode: {
       if (!is_hex(byte)) return false;
-      if (++count_ == 4) state_ = State::String;
+      const unsigned digit = is_digit(byte) ? byte - '0' : (byte | 0x20) - 'a' + 10;
+      // Surrogates come in pairs, high (D800-DBFF) then low (DC00-DFFF),
+      // refused at the digit that breaks the rule, so every accepted
+      // prefix can still be finished.
+      if (low_due_ && ((count_ == 0 && digit != 0xD) || (count_ == 1 && digit < 0xC))) return false;
+      if (!low_due_ && count_ == 1 && code_ == 0xD && digit >= 0xC) return false;  // a lone low half
+      code_ = static_cast<std::uint16_t>(code_ * 16 + digit);
+      if (++count_ == 4) {
+        low_due_ = !low_due_ && code_ >= 0xD800 && code_ <= 0xDBFF;
+        state_ = State::String;
+      }
       return true;
+    }
     case State::Minus:
       if (byte == '0') state_ = State::Zero;
       else if (is_digit(byte)) state_ = State::Integer;

@@ -9,7 +9,8 @@
 //
 // Strings must be well-formed UTF-8 (no overlongs, surrogates or bytes past
 // U+10FFFF, and no character cut by the closing quote), so the text needs no
-// U+FFFD substitution on its way out. Limits keep a model from wandering:
+// U+FFFD substitution on its way out, and \u escapes of surrogates must come
+// in pairs (a lone one is valid JSON that strict parsers refuse). Limits keep a model from wandering:
 // nesting deeper than kMaxDepth is refused, and so is whitespace beyond
 // kMaxWhitespaceRun bytes in a row (enough for pretty-printed output, not for
 // a page of blanks). Exponents have at most kMaxExponentDigits digits, so no
@@ -43,7 +44,7 @@ class JsonPrefix {
   bool complete() const { return state_ == State::Done; }
   // Inside a string, between characters: any printable ASCII but '"' and '\\'
   // keeps it so.
-  bool in_plain_string() const { return state_ == State::String && utf8_pending_ == 0; }
+  bool in_plain_string() const { return state_ == State::String && utf8_pending_ == 0 && !low_due_; }
 
  private:
   enum class State : std::uint8_t {
@@ -82,6 +83,8 @@ class JsonPrefix {
   std::uint8_t literal_ = 0;  // index into the literals: true, false, null
   std::uint8_t count_ = 0;    // bytes of the literal, \u digits or exponent digits read
   std::uint8_t whitespace_ = 0;
+  std::uint16_t code_ = 0;    // the \u escape's value so far
+  bool low_due_ = false;      // a high surrogate escape was read: its low half must follow
   std::uint8_t utf8_pending_ = 0;              // continuation bytes still due in a string
   std::uint8_t utf8_low_ = 0x80, utf8_high_ = 0xBF;  // the next continuation byte's range
   std::uint8_t depth_ = 0;

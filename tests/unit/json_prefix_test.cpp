@@ -30,7 +30,7 @@ TEST(JsonPrefix, AcceptsObjectsOfEveryKindOfValue) {
            R"({})",
            R"({"a":1})",
            R"({ "a" : [ 1 , -2.5e+3 , 0 , 0.0 , 1E9 , -0 ] , "b" : { } , "c" : [ ] } )",
-           R"({"t":true,"f":false,"n":null,"s":"x\"\\\/\b\f\n\r\t\u00e9\uD83D\uDE00 é"})",
+           R"({"t":true,"f":false,"n":null,"s":"x\"\\\/\b\f\n\r\t\u00e9\uD83D\uDE00\ud7ff é"})",
            "{\n  \"nested\": {\"deeper\": [[[{\"k\": \"v\"}]]]},\n  \"n\": 12345678901234567890\n}\n",
        }) {
     SCOPED_TRACE(text);
@@ -69,6 +69,10 @@ TEST(JsonPrefix, RefusesTheFirstByteThatCannotContinue) {
            Case{"{\"a\":\"\xF4\x90\x80\x80\"}", 7},  // past U+10FFFF
            Case{"{\"a\":\"\x80\"}", 6},          // a lone continuation byte
            Case{"{\"a\":1e999}", 9},  // exponents of at most two digits
+           Case{"{\"a\":\"\\uDC00\"}", 9},   // a lone low surrogate, refused at its second digit
+           Case{"{\"a\":\"\\uD83Dx\"}", 12}, // a high one must be followed by its low half
+           Case{"{\"a\":\"\\uD83D\\u0041\"}", 14},
+           Case{"{\"a\":\"\\uD83D\"}", 12},
            Case{"{}x", 2},             // nothing but whitespace after the object
            Case{"{}{}", 2},
        }) {
@@ -103,7 +107,7 @@ TEST(JsonPrefix, DepthAndWhitespaceAreBounded) {
 // reaches is JSON whose top level is an object.
 TEST(JsonPrefix, RandomWalksEndInParsableObjects) {
   std::mt19937 rng(5);
-  const std::string alphabet = "{}[]\",:0123456789-+.eE truefalsn\\/bfnrtu\n\tabcAF\x01\xC3\xA9";
+  const std::string alphabet = "{}[]\",:0123456789-+.eE truefalsn\\/bfnrtu\n\tabcdAFD\x01\xC3\xA9";
   std::size_t completed = 0;
   for (int walk = 0; walk < 400; ++walk) {
     JsonPrefix json;
@@ -176,7 +180,7 @@ TEST(JsonPrefix, PlainTokensInStringsMaskAsTheirBytesWould) {
     bytes.push_back(token);
   }
   const JsonVocabulary vocabulary(bytes, std::vector<bool>(bytes.size()));
-  for (const char* prefix : {"{\"k", "{\"k\": \"v", "{\"k\": [\"", "{\"k\": \"\\n"}) {
+  for (const char* prefix : {"{\"k", "{\"k\": \"v", "{\"k\": [\"", "{\"k\": \"\\n", "{\"k\": \"\\uD83D", "{\"k\": \"\xC3"}) {
     JsonPrefix json;
     ASSERT_TRUE(json.push(std::string_view(prefix)));
     std::vector<float> logits(bytes.size(), 1.0f);
