@@ -109,6 +109,8 @@ void refuse_unsupported(Fields& f) {
 // The count's range is the service's to check.
 void parse_logprobs(Fields& f, bool chat, std::optional<std::int64_t>& out) {
   if (!chat) {
+    // false: none, as some clients write chat's boolean here too.
+    if (const json* v = f.get("logprobs"); v != nullptr && v->is_boolean() && !v->get<bool>()) return;
     out = f.integer("logprobs");
     if (f.get("top_logprobs") != nullptr)
       f.fail("top_logprobs", "top_logprobs is a chat completions field; completions take logprobs: N");

@@ -195,6 +195,9 @@ TEST_F(BadInputTest, LogprobsOutOfShapeOrRange) {
   EXPECT_NE(message(e).find("true or false"), std::string::npos) << e;
   // Explicit "off" values are accepted.
   EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "max_tokens": 1, "logprobs": null})")).status, 200);
+  auto off = http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "max_tokens": 1, "logprobs": false})"));
+  EXPECT_EQ(off.status, 200);
+  EXPECT_TRUE(off.json_body()["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(http_post(port(), "/v1/chat/completions", chat + R"("max_tokens": 1, "logprobs": false})").status, 200);
 }
 
