@@ -275,6 +275,15 @@ JsonVocabulary::JsonVocabulary(std::vector<std::string> token_bytes, std::vector
     plain[id] = !bytes[id].empty() && std::all_of(bytes[id].begin(), bytes[id].end(), [](char c) {
       return c >= 0x20 && c < 0x7F && c != '"' && c != '\\';
     });
+  // Counting sort by first byte; tokens without bytes are in no group (never selectable).
+  first_byte_start.assign(257, 0);
+  for (const std::string& token : bytes)
+    if (!token.empty()) ++first_byte_start[static_cast<unsigned char>(token[0]) + 1];
+  for (std::size_t b = 0; b < 256; ++b) first_byte_start[b + 1] += first_byte_start[b];
+  by_first_byte.resize(first_byte_start[256]);
+  std::vector<std::uint32_t> fill(first_byte_start.begin(), first_byte_start.end() - 1);
+  for (std::size_t id = 0; id < bytes.size(); ++id)
+    if (!bytes[id].empty()) by_first_byte[fill[static_cast<unsigned char>(bytes[id][0])]++] = static_cast<std::int32_t>(id);
 }
 
 JsonVocabulary json_vocabulary(const Tokenizer& tokenizer) {
@@ -292,19 +301,40 @@ std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& voca
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   std::size_t selectable = 0;
   const std::size_t n = std::min(logits.size(), vocabulary.bytes.size());
-  const bool in_string = state.in_plain_string();
-  for (std::size_t id = 0; id < n; ++id) {
-    const std::string& bytes = vocabulary.bytes[id];
-    // A token without bytes makes no progress: a model could emit it forever.
-    bool ok = !vocabulary.banned[id] && !bytes.empty();
-    if (ok && !(in_string && vocabulary.plain[id])) {
-      JsonPrefix next = state;
-      ok = next.push_on_copy(bytes);
-    }
-    if (ok) ++selectable;
-    else logits[id] = kBanned;
-  }
   for (std::size_t id = n; id < logits.size(); ++id) logits[id] = kBanned;
+  if (state.in_plain_string()) {
+    // Most tokens continue a string: a lookup each, a walk for the rest.
+    for (std::size_t id = 0; id < n; ++id) {
+      const std::string& bytes = vocabulary.bytes[id];
+      // A token without bytes makes no progress: a model could emit it forever.
+      bool ok = !vocabulary.banned[id] && !bytes.empty();
+      if (ok && !vocabulary.plain[id]) {
+        JsonPrefix next = state;
+        ok = next.push_on_copy(bytes);
+      }
+      if (ok) ++selectable;
+      else logits[id] = kBanned;
+    }
+    return selectable;
+  }
+  for (std::size_t id = 0; id < n; ++id)
+    if (vocabulary.bytes[id].empty()) logits[id] = kBanned;
+  for (std::size_t b = 0; b < 256; ++b) {
+    JsonPrefix after_first = state;
+    const char first = static_cast<char>(b);
+    const bool first_ok = after_first.push_on_copy(std::string_view(&first, 1));
+    for (std::uint32_t k = vocabulary.first_byte_start[b]; k < vocabulary.first_byte_start[b + 1]; ++k) {
+      const auto id = static_cast<std::size_t>(vocabulary.by_first_byte[k]);
+      if (id >= n) continue;
+      bool ok = first_ok && !vocabulary.banned[id];
+      if (ok) {
+        JsonPrefix next = after_first;
+        ok = next.push_on_copy(std::string_view(vocabulary.bytes[id]).substr(1));
+      }
+      if (ok) ++selectable;
+      else logits[id] = kBanned;
+    }
+  }
   return selectable;
 }
 

@@ -101,6 +101,12 @@ struct JsonVocabulary {
   // string it is taken as it is (most of a vocabulary: a mask there costs a
   // lookup per token instead of a walk through its bytes).
   std::vector<bool> plain;
+  // Token ids grouped by first byte (ids of first byte b at
+  // by_first_byte[first_byte_start[b] .. first_byte_start[b + 1])): outside
+  // strings a state takes few first bytes, and a group it refuses is passed
+  // over without a step per token.
+  std::vector<std::int32_t> by_first_byte;
+  std::vector<std::uint32_t> first_byte_start;  // 257 offsets
 };
 
 class Tokenizer;

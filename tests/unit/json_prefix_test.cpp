@@ -170,8 +170,9 @@ TEST(JsonPrefix, MaskKeepsExactlyTheTokensThatContinue) {
   EXPECT_EQ(logits, (std::vector<float>{0, 0, 0, banned, 0, 0, 0, banned, 0, banned, 0, banned, banned}));
 }
 
-// The lookup inside strings gives the same mask as walking every token.
-TEST(JsonPrefix, PlainTokensInStringsMaskAsTheirBytesWould) {
+// The mask's shortcuts (a lookup inside strings, groups by first byte
+// elsewhere) give what walking every token's bytes gives, in every kind of state.
+TEST(JsonPrefix, TheMaskIsWhatEachTokensBytesWouldGive) {
   std::mt19937 rng(9);
   std::vector<std::string> bytes;
   for (int i = 0; i < 3000; ++i) {
@@ -179,15 +180,23 @@ TEST(JsonPrefix, PlainTokensInStringsMaskAsTheirBytesWould) {
     for (int j = 0, n = 1 + static_cast<int>(rng() % 5); j < n; ++j) token += static_cast<char>(rng() % 256);
     bytes.push_back(token);
   }
-  const JsonVocabulary vocabulary(bytes, std::vector<bool>(bytes.size()));
-  for (const char* prefix : {"{\"k", "{\"k\": \"v", "{\"k\": [\"", "{\"k\": \"\\n", "{\"k\": \"\\uD83D", "{\"k\": \"\xC3"}) {
+  for (const char* structural : {"{", "}", "[", "]", ",", ":", " ", "\n  ", "\"", "\":", "\",", "1", "0.", "-", "e+",
+                                 "true", "fal", "null", "}]", "\"}", "", " {\""})
+    bytes.push_back(structural);
+  std::vector<bool> banned(bytes.size());
+  banned[7] = true;
+  const JsonVocabulary vocabulary(bytes, banned);
+  for (const char* prefix : {"{\"k", "{\"k\": \"v", "{\"k\": [\"", "{\"k\": \"\\n", "{\"k\": \"\\uD83D", "{\"k\": \"\xC3",
+                             "", "{", "{\"k\"", "{\"k\":", "{\"k\": [1", "{\"k\": [1, ", "{\"k\": tr", "{\"k\": 1.5e",
+                             "{\"k\": {}", "{\"k\": -", "{}"}) {
     JsonPrefix json;
     ASSERT_TRUE(json.push(std::string_view(prefix)));
     std::vector<float> logits(bytes.size(), 1.0f);
     mask_json_logits(json, vocabulary, logits);
     for (std::size_t id = 0; id < bytes.size(); ++id) {
       JsonPrefix next = json;
-      EXPECT_EQ(logits[id] == 1.0f, next.push(bytes[id])) << prefix << " token " << id;
+      const bool expected = !banned[id] && !bytes[id].empty() && next.push(bytes[id]);
+      EXPECT_EQ(logits[id] == 1.0f, expected) << "'" << prefix << "' token " << id;
     }
   }
 }
