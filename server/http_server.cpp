@@ -52,7 +52,6 @@ const HttpServer::RouteInfo* match_route(const std::string& method, const std::s
   return nullptr;
 }
 
-// Per-stream state shared by the content provider and its releaser.
 // Token texts from the tokenizer of the model the job runs on (a reload may
 // have swapped the served one since).
 TokenBytes token_bytes_of(const ActiveJob& job) {
@@ -68,6 +67,7 @@ std::string echo_text(const ActiveJob& job, const GenerationRequest& request) {
   return text ? utf8_replace_invalid(*text) : std::string();
 }
 
+// Per-stream state shared by the content provider and its releaser.
 struct StreamState {
   ActiveJob job;
   std::shared_ptr<StreamChannel> channel;
@@ -78,8 +78,7 @@ struct StreamState {
   bool return_token_ids = false;
   bool logprobs = false;
   std::int64_t text_offset = 0;  // completions' logprobs.text_offset so far
-  std::string echo;              // the prompt's text, sent before anything else (echo)
-  bool echo_sent = true;
+  std::string echo;              // echo: the prompt's text, until the first event carries it
   bool role_sent = false;
   std::chrono::milliseconds poll{100};
 };
@@ -113,7 +112,6 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
       // Whatever piled up while the last write was in flight goes out as one
       // event; a fast client still gets one event per token.
       std::string text = std::exchange(state.echo, {});
-      state.echo_sent = true;
       std::vector<std::int32_t> tokens;
       std::vector<TokenLogprob> logprobs;
       for (StreamChunk& chunk : batch.chunks) {
@@ -143,7 +141,7 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
         const std::vector<std::int32_t> none;
         // An echo with nothing after it (max_tokens 0, no logprobs) still
         // comes back before the end.
-        if (!state.echo_sent && !state.echo.empty() &&
+        if (!state.echo.empty() &&
             !write(stream_chunk(state.ids, std::exchange(state.echo, {}), state.return_token_ids ? &none : nullptr,
                                 nullptr)))
           return false;
@@ -466,7 +464,6 @@ void HttpServer::install() {
       state->return_token_ids = parsed->return_token_ids;
       state->logprobs = parsed->request.logprobs.has_value();
       state->echo = echo_text(state->job, parsed->request);
-      state->echo_sent = state->echo.empty();
       state->poll = poll;
       res.status = 200;
       res.set_header("Cache-Control", "no-cache");
