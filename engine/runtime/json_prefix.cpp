@@ -68,7 +68,7 @@ bool JsonPrefix::step(unsigned char byte) {
     case State::Start:
       return byte == '{' && open(false);
     case State::ObjectFirst:
-      if (byte == '}') return close(false);
+      if (byte == '}') return close();
       [[fallthrough]];
     case State::ObjectKey:
       if (byte != '"') return false;
@@ -82,15 +82,15 @@ bool JsonPrefix::step(unsigned char byte) {
     case State::Value:
       return begin_value(byte);
     case State::ArrayFirst:
-      if (byte == ']') return close(true);
+      if (byte == ']') return close();
       return begin_value(byte);
     case State::AfterValue:
       if (byte == ',') {
         state_ = in_array() ? State::Value : State::ObjectKey;
         return true;
       }
-      if (byte == '}' && !in_array()) return close(false);
-      if (byte == ']' && in_array()) return close(true);
+      if (byte == '}' && !in_array()) return close();
+      if (byte == ']' && in_array()) return close();
       return false;
     case State::String:
       // After a high surrogate escape only its low half may come.
@@ -262,8 +262,8 @@ bool JsonPrefix::open(bool array) {
   return true;
 }
 
-bool JsonPrefix::close(bool array) {
-  (void)array;  // the callers checked that the closer matches the open container
+// The callers checked that the closer matches the open container.
+bool JsonPrefix::close() {
   --depth_;
   return end_value();
 }

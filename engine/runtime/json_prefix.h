@@ -75,7 +75,7 @@ class JsonPrefix {
   bool begin_utf8(unsigned char byte);
   bool end_value();  // a value inside a container or the top one ended
   bool open(bool array);
-  bool close(bool array);
+  bool close();
   bool in_array() const { return depth_ > 0 && (stack_ >> (depth_ - 1) & 1) != 0; }
 
   State state_ = State::Start;
