@@ -41,8 +41,8 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Node.js runs the official OpenAI client against the server
-# (tests/scripts/openai_node_client.sh) and regenerates tokenizer expectations
+# Node.js runs the official OpenAI and Anthropic clients against the server
+# (tests/scripts/node_clients.sh) and regenerates tokenizer expectations
 # (tests/tokenizer/gen). Machines of this kind ship node+npm already; Debian's
 # npm conflicts with that build, so Debian's is installed only when there is none.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -54,12 +54,13 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
-# The OpenAI client at the version package-lock.json pins, from the npm
-# registry, only when it is not there already.
-client_dir=$(cd "$(dirname "$0")/.." && pwd)/tests/clients/openai-node
-wanted=$(sed -n '/"node_modules\/openai"/,/"version"/s/.*"version": "\(.*\)".*/\1/p' "$client_dir/package-lock.json")
-installed=$(sed -n 's/^  "version": "\(.*\)".*/\1/p' "$client_dir/node_modules/openai/package.json" 2>/dev/null || true)
+# The client packages at the versions package-lock.json pins, from the npm
+# registry, only when that lock file changed since the last install.
+client_dir=$(cd "$(dirname "$0")/.." && pwd)/tests/clients/node
+wanted=$(sha256sum "$client_dir/package-lock.json" | cut -d' ' -f1)
+installed=$(cat "$client_dir/node_modules/.colibri-lock-sha256" 2>/dev/null || true)
 if [[ $installed != "$wanted" ]]; then
-  echo "install-deps: installing the openai $wanted npm package into tests/clients/openai-node"
+  echo "install-deps: installing the npm packages of tests/clients/node (openai, @anthropic-ai/sdk)"
   (cd "$client_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  echo "$wanted" > "$client_dir/node_modules/.colibri-lock-sha256"
 fi

@@ -137,6 +137,7 @@ struct StreamResult {
   std::int32_t prompt_tokens = 0;
   std::int32_t completion_tokens = 0;
   std::optional<ApiError> error;  // set for Error, Shutdown, SlowClient and queue timeouts
+  std::string stop_sequence;      // Finish::Stop by a stop string: which one (empty for end of sequence)
 };
 
 struct TokenizeRequest {

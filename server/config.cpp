@@ -140,9 +140,9 @@ const std::array kOptions = {
                "long, then cancel the rest and exit. A second signal exits at once.",
                Reload::Hot},
     OptionSpec{"api_key", &C::api_key, 0, 0, "",
-               "If set, every route but /health needs 'Authorization: Bearer <key>' (gRPC: the "
-               "same metadata). No command-line flag: give it in the file, COLIBRI_API_KEY or "
-               "api_key_file.",
+               "If set, every route but /health needs 'Authorization: Bearer <key>' or, as Anthropic's "
+               "clients send it, 'x-api-key: <key>' (gRPC: the authorization metadata). No command-line "
+               "flag: give it in the file, COLIBRI_API_KEY or api_key_file.",
                Reload::Hot, true},
     OptionSpec{"api_key_file", &C::api_key_file, 0, 0, "",
                "File whose first line is the API key (instead of api_key); read again at every reload.",

@@ -309,6 +309,68 @@ Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat)
   return out;
 }
 
+Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body) {
+  HttpGeneration out;
+  GenerationRequest& r = out.request;
+  r.chat = true;
+  Fields f(body);
+  if (auto model = f.string("model")) r.model = *model;
+  // Anthropic requires max_tokens; so does this endpoint, to answer as Anthropic does.
+  r.max_tokens = f.integer("max_tokens");
+  if (!r.max_tokens && !f.error()) f.fail("max_tokens", "max_tokens is required");
+  if (const json* system = f.get("system"); system != nullptr) {
+    ChatMessage message{"system", ""};
+    if (system->is_string()) {
+      message.content = system->get<std::string>();
+    } else if (system->is_array()) {
+      for (std::size_t i = 0; i < system->size(); ++i) {
+        const json& block = (*system)[i];
+        if (!block.is_object() || block.value("type", json()) != "text" || !block.contains("text") ||
+            !block["text"].is_string()) {
+          f.fail_param("system", fmt::format("system[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}", i));
+          break;
+        }
+        message.content += block["text"].get<std::string>();
+      }
+    } else {
+      f.fail("system", fmt::format("system must be a string or an array of text blocks, got {}", type_of(*system)));
+    }
+    r.messages.push_back(std::move(message));
+  }
+  if (auto messages = parse_messages(f, f.get("messages"))) {
+    for (std::size_t i = 0; i < messages->size(); ++i)
+      if ((*messages)[i].role != "user" && (*messages)[i].role != "assistant")
+        f.fail_param(fmt::format("messages[{}].role", i),
+                     fmt::format("messages[{}].role must be user or assistant (the system prompt is the top-level "
+                                 "system field), got \"{}\"",
+                                 i, (*messages)[i].role));
+    r.messages.insert(r.messages.end(), messages->begin(), messages->end());
+  }
+  r.temperature = f.number("temperature");
+  r.top_p = f.number("top_p");
+  r.top_k = f.integer("top_k");
+  if (const json* stops = f.get("stop_sequences"); stops != nullptr) {
+    if (!stops->is_array()) f.fail("stop_sequences", "stop_sequences must be an array of strings");
+    else
+      for (const json& stop : *stops) {
+        if (!stop.is_string()) {
+          f.fail("stop_sequences", "stop_sequences must be an array of strings");
+          break;
+        }
+        r.stop.push_back(stop.get<std::string>());
+      }
+  }
+  for (const char* name : {"tools", "tool_choice"})
+    if (const json* v = f.get(name); v != nullptr && !(v->is_array() && v->empty()))
+      f.fail(name, fmt::format("{} (tool use) is not supported", name));
+  if (const json* thinking = f.get("thinking"); thinking != nullptr && thinking->is_object() &&
+                                                 thinking->value("type", json()) == "enabled")
+    f.fail("thinking", "extended thinking is not supported");
+  out.stream = f.boolean("stream").value_or(false);
+  if (f.error()) return *f.error();
+  return out;
+}
+
 Expected<TokenizeRequest> parse_tokenize(const nlohmann::json& body) {
   TokenizeRequest r;
   Fields f(body);
@@ -381,10 +443,11 @@ Expected<RouteRequest> parse_route(const nlohmann::json& body) {
   return r;
 }
 
-ResponseIds new_response_ids(bool chat, std::string model) {
+ResponseIds new_response_ids(bool chat, std::string model, const char* prefix) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   ResponseIds ids;
-  ids.id = fmt::format("{}-{:016x}{:08x}", chat ? "chatcmpl" : "cmpl", rng(), static_cast<std::uint32_t>(rng()));
+  ids.id = fmt::format("{}{:016x}{:08x}", prefix != nullptr ? prefix : chat ? "chatcmpl-" : "cmpl-", rng(),
+                       static_cast<std::uint32_t>(rng()));
   ids.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   ids.model = std::move(model);
   ids.chat = chat;
@@ -500,6 +563,43 @@ nlohmann::json stream_chunk(const ResponseIds& ids, const std::string& text,
           {"created", ids.created},
           {"model", ids.model},
           {"choices", json::array({choice})}};
+}
+
+const char* anthropic_stop_reason(const StreamResult& result) {
+  if (result.finish == Finish::Length) return "max_tokens";
+  return result.stop_sequence.empty() ? "end_turn" : "stop_sequence";
+}
+
+nlohmann::json anthropic_message(const ResponseIds& ids, const std::string& text, const StreamResult* result,
+                                 std::int32_t prompt_tokens) {
+  json content = json::array();
+  if (result != nullptr) content.push_back({{"type", "text"}, {"text", text}});
+  return {{"id", ids.id},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"model", ids.model},
+          {"content", std::move(content)},
+          {"stop_reason", result != nullptr ? json(anthropic_stop_reason(*result)) : json()},
+          {"stop_sequence", result != nullptr && !result->stop_sequence.empty() ? json(result->stop_sequence) : json()},
+          {"usage", {{"input_tokens", prompt_tokens}, {"output_tokens", result != nullptr ? result->completion_tokens : 0}}}};
+}
+
+nlohmann::json anthropic_error(const ApiError& error) {
+  const char* type = error.status == 401   ? "authentication_error"
+                     : error.status == 403 ? "permission_error"
+                     : error.status == 404 ? "not_found_error"
+                     : error.status == 413 ? "request_too_large"
+                     : error.status == 429 ? "rate_limit_error"
+                     : error.status == 503 ? "overloaded_error"
+                     : error.status >= 500 ? "api_error"
+                                           : "invalid_request_error";
+  json body = error.to_json()["error"];  // message, param, code kept for clients that read them
+  body["type"] = type;
+  return {{"type", "error"}, {"error", std::move(body)}};
+}
+
+std::string sse_named_event(std::string_view name, const nlohmann::json& value) {
+  return fmt::format("event: {}\ndata: {}\n\n", name, json_text(value));
 }
 
 nlohmann::json usage_chunk(const ResponseIds& ids, const StreamResult& result) {

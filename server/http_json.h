@@ -26,6 +26,10 @@ struct HttpGeneration {
 };
 
 Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat);
+// Anthropic's Messages API (POST /v1/messages): system, messages of user and
+// assistant text, max_tokens (required), stop_sequences, temperature, top_p,
+// top_k, stream; tools and extended thinking are refused by name.
+Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body);
 Expected<TokenizeRequest> parse_tokenize(const nlohmann::json& body);
 
 struct DetokenizeRequest {
@@ -42,7 +46,8 @@ struct ResponseIds {
   std::string model;
   bool chat = false;
 };
-ResponseIds new_response_ids(bool chat, std::string model);
+// prefix: the id's start ("msg_" for Anthropic); null: "chatcmpl-" or "cmpl-".
+ResponseIds new_response_ids(bool chat, std::string model, const char* prefix = nullptr);
 
 // "stop" or "length" for finished generations; null otherwise.
 nlohmann::json finish_reason_json(Finish finish);
@@ -72,6 +77,16 @@ using TokenBytes = std::function<std::string(std::int32_t)>;
 // token_logprobs and top_logprobs (completions only: chat has no echo).
 nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<TokenLogprob>& entries, bool chat,
                              std::int64_t& text_offset);
+
+// Anthropic's shapes. stop_reason: end_turn, stop_sequence or max_tokens.
+const char* anthropic_stop_reason(const StreamResult& result);
+// The message object; result null: the one message_start carries (no content yet).
+nlohmann::json anthropic_message(const ResponseIds& ids, const std::string& text, const StreamResult* result,
+                                 std::int32_t prompt_tokens);
+// {"type": "error", "error": {"type", "message", ...}} with Anthropic's error type for the status.
+nlohmann::json anthropic_error(const ApiError& error);
+// "event: NAME\ndata: {...}\n\n"
+std::string sse_named_event(std::string_view name, const nlohmann::json& value);
 
 // The usage-only chunk (stream_options.include_usage): empty choices.
 nlohmann::json usage_chunk(const ResponseIds& ids, const StreamResult& result);

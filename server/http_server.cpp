@@ -40,6 +40,14 @@ void send_error(httplib::Response& res, const ApiError& error) {
   send_json(res, error.status, error.to_json());
 }
 
+void send_anthropic_error(httplib::Response& res, const ApiError& error) {
+  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
+  send_json(res, error.status, anthropic_error(error));
+}
+
+// The request and response shapes a generation route speaks.
+enum class Api { Completions, Chat, AnthropicMessages };
+
 const HttpServer::RouteInfo* match_route(const std::string& method, const std::string& path, bool any_method) {
   static const auto compiled = [] {
     std::vector<std::regex> patterns;
@@ -79,6 +87,8 @@ struct StreamState {
   bool logprobs = false;
   std::int64_t text_offset = 0;  // completions' logprobs.text_offset so far
   std::string echo;              // echo: the prompt's text, until the first event carries it
+  bool anthropic = false;        // Anthropic's event stream instead of OpenAI's chunks
+  std::int32_t prompt_tokens = 0;
   bool role_sent = false;
   std::chrono::milliseconds poll{100};
 };
@@ -159,6 +169,67 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
   }
 }
 
+// Anthropic's Messages stream: message_start, one text content block
+// (content_block_start, content_block_delta per batch of text,
+// content_block_stop), message_delta with the stop reason and usage,
+// message_stop. A fault after the headers is an `error` event.
+bool write_anthropic_stream(StreamState& state, httplib::DataSink& sink) {
+  auto write = [&](std::string_view name, const json& value) {
+    std::string event = sse_named_event(name, value);
+    return sink.write(event.data(), event.size());
+  };
+  if (!state.role_sent) {
+    state.role_sent = true;
+    if (!write("message_start", {{"type", "message_start"},
+                                 {"message", anthropic_message(state.ids, "", nullptr, state.prompt_tokens)}}) ||
+        !write("content_block_start", {{"type", "content_block_start"},
+                                       {"index", 0},
+                                       {"content_block", {{"type", "text"}, {"text", ""}}}}))
+      return false;
+  }
+  for (;;) {
+    StreamChannel::Batch batch = state.channel->wait(state.poll);
+    auto fail = [&](const ApiError& error) {
+      if (!write("error", anthropic_error(error))) return false;
+      sink.done();
+      return true;
+    };
+    if (auto damage = state.job.damage()) {
+      state.channel->cancel();
+      state.record->finish = "error";
+      state.record->status = damage->status;
+      return fail(*damage);
+    }
+    if (!batch.chunks.empty()) {
+      state.record->token_arrived();
+      std::string text;
+      for (const StreamChunk& chunk : batch.chunks) text += chunk.text;
+      if (!text.empty() && !write("content_block_delta", {{"type", "content_block_delta"},
+                                                          {"index", 0},
+                                                          {"delta", {{"type", "text_delta"}, {"text", text}}}}))
+        return false;
+    }
+    if (batch.result) {
+      const StreamResult& result = *batch.result;
+      state.record->take(result);
+      if (result.finish == Finish::Cancelled) return false;
+      if (result.error && (result.finish == Finish::Error || result.finish == Finish::Shutdown ||
+                           result.finish == Finish::SlowClient))
+        return fail(*result.error);
+      const json stop_sequence = result.stop_sequence.empty() ? json() : json(result.stop_sequence);
+      if (!write("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) ||
+          !write("message_delta", {{"type", "message_delta"},
+                                   {"delta", {{"stop_reason", anthropic_stop_reason(result)}, {"stop_sequence", stop_sequence}}},
+                                   {"usage", {{"output_tokens", result.completion_tokens}}}}) ||
+          !write("message_stop", {{"type", "message_stop"}}))
+        return false;
+      sink.done();
+      return true;
+    }
+    if (batch.chunks.empty() && state.probe.closed()) return false;
+  }
+}
+
 }  // namespace
 
 const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
@@ -170,6 +241,7 @@ const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
       {"GET", "/v1/models/(.+)", "/v1/models/{id}"},
       {"POST", "/v1/completions", "/v1/completions"},
       {"POST", "/v1/chat/completions", "/v1/chat/completions"},
+      {"POST", "/v1/messages", "/v1/messages"},
       {"POST", "/tokenize", "/tokenize"},
       {"POST", "/detokenize", "/detokenize"},
       {"POST", "/v1/route", "/v1/route"},
@@ -255,11 +327,19 @@ void HttpServer::install() {
       headers.erase("Content-Type");
       headers.emplace("Content-Type", "application/json");
     }
+    // The key as OpenAI clients send it, or as Anthropic's do (x-api-key).
     if (!c.api_key.empty() && req.path != "/health" &&
-        !bearer_matches(req.get_header_value("Authorization"), c.api_key)) {
-      send_error(res, ApiError::unauthorized(req.has_header("Authorization")
-                                                 ? "the API key is not valid"
-                                                 : "this server needs an API key: send 'Authorization: Bearer <key>'"));
+        !bearer_matches(req.get_header_value("Authorization"), c.api_key) &&
+        !key_matches(req.get_header_value("x-api-key"), c.api_key)) {
+      const ApiError error = ApiError::unauthorized(
+          req.has_header("Authorization") || req.has_header("x-api-key")
+              ? "the API key is not valid"
+              : "this server needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
+      if (req.path == "/v1/messages") send_anthropic_error(res, error);
+      else send_error(res, error);
+      // The body was not read: on a kept-alive connection its bytes would be
+      // parsed as the next request.
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -366,17 +446,24 @@ void HttpServer::install() {
           send_json(res, 200, model_body(*info));
         }));
 
-  auto generate = [this](bool chat) {
-    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+  auto generate = [this](Api api) {
+    return [this, api](const httplib::Request& req, httplib::Response& res) {
+      const bool chat = api != Api::Completions;
+      const bool anthropic = api == Api::AnthropicMessages;
+      // Errors in the shape of the API the client speaks.
+      auto send_error = [anthropic](httplib::Response& response, const ApiError& error) {
+        if (anthropic) send_anthropic_error(response, error);
+        else colibri::server::send_error(response, error);
+      };
       auto body = parse_json_body(req.body);
       if (!body) return send_error(res, body.error());
-      auto parsed = parse_generation(*body, chat);
+      auto parsed = anthropic ? parse_anthropic_messages(*body) : parse_generation(*body, chat);
       if (!parsed) return send_error(res, parsed.error());
       auto prepared = service_.prepare(parsed->request);
       if (!prepared) return send_error(res, prepared.error());
       const std::string model_id = prepared->generation->id;
       const std::string checksum = prepared->generation->checksum;
-      ResponseIds ids = new_response_ids(chat, model_id);
+      ResponseIds ids = new_response_ids(chat, model_id, anthropic ? "msg_" : nullptr);
       prepared->spec.request_id = ids.id;
       auto started = service_.start(std::move(*prepared));
       if (!started) return send_error(res, started.error());
@@ -386,7 +473,7 @@ void HttpServer::install() {
       auto record = std::make_shared<RequestRecord>();
       record->id = ids.id;
       record->api = "http";
-      record->endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+      record->endpoint = anthropic ? "/v1/messages" : chat ? "/v1/chat/completions" : "/v1/completions";
       record->stream = parsed->stream;
       record->model = checksum;
       record->prompt_tokens = job.prompt_tokens;
@@ -435,6 +522,7 @@ void HttpServer::install() {
             record->take(result);
             if (result.error) return send_error(res, *result.error);
             if (result.finish == Finish::Cancelled) return send_error(res, ApiError::invalid("cancelled"));
+            if (anthropic) return send_json(res, 200, anthropic_message(ids, text, &result, job.prompt_tokens));
             json logprobs_value = nullptr;
             if (parsed->request.logprobs) {
               std::int64_t offset = 0;
@@ -464,6 +552,8 @@ void HttpServer::install() {
       state->return_token_ids = parsed->return_token_ids;
       state->logprobs = parsed->request.logprobs.has_value();
       state->echo = echo_text(state->job, parsed->request);
+      state->anthropic = anthropic;
+      state->prompt_tokens = state->job.prompt_tokens;
       state->poll = poll;
       res.status = 200;
       res.set_header("Cache-Control", "no-cache");
@@ -472,7 +562,7 @@ void HttpServer::install() {
           "text/event-stream",
           [state](std::size_t, httplib::DataSink& sink) {
             try {
-              return write_stream(*state, sink);
+              return state->anthropic ? write_anthropic_stream(*state, sink) : write_stream(*state, sink);
             } catch (...) {
               return false;
             }
@@ -482,8 +572,9 @@ void HttpServer::install() {
           });
     };
   };
-  s.Post("/v1/completions", safe(generate(false)));
-  s.Post("/v1/chat/completions", safe(generate(true)));
+  s.Post("/v1/completions", safe(generate(Api::Completions)));
+  s.Post("/v1/chat/completions", safe(generate(Api::Chat)));
+  s.Post("/v1/messages", safe(generate(Api::AnthropicMessages)));
 
   s.Post("/tokenize", safe([this](const httplib::Request& req, httplib::Response& res) {
            auto body = parse_json_body(req.body);

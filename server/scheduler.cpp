@@ -421,6 +421,7 @@ void Scheduler::finish(Job& job, Finish reason, std::optional<ApiError> error) {
   result.prompt_tokens = static_cast<std::int32_t>(job.spec.prompt.size());
   result.completion_tokens = job.generated;
   result.error = std::move(error);
+  if (reason == Finish::Stop && job.stops && job.stops->stopped()) result.stop_sequence = std::string(job.stops->matched());
   job.channel->finish(std::move(result));
   metrics_.generations.inc({finish_name(reason)});
   metrics_.request_duration.observe(std::chrono::duration<double>(Clock::now() - job.enqueued).count());

@@ -57,7 +57,10 @@ bool bearer_matches(std::string_view authorization, std::string_view key) {
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
     if (c != kScheme[i]) return false;
   }
-  std::string_view given = authorization.substr(kScheme.size());
+  return key_matches(authorization.substr(kScheme.size()), key);
+}
+
+bool key_matches(std::string_view given, std::string_view key) {
   // Every byte of the longer string is looked at whatever differs, so the time
   // taken does not depend on where the first difference is.
   const std::size_t n = std::max(given.size(), key.size());

@@ -29,6 +29,8 @@ std::string served_model_id(const Config& config);
 // Constant-time comparison of an Authorization header ("Bearer <key>") with
 // the configured key (CWE-208: a byte-by-byte early exit leaks the key).
 bool bearer_matches(std::string_view authorization, std::string_view key);
+// The same comparison for a bare key (Anthropic clients' x-api-key header).
+bool key_matches(std::string_view given, std::string_view key);
 
 // A checked request bound to the generation that checked it (its tokenizer,
 // template and context): it runs there even if a reload swaps the model

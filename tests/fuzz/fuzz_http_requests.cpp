@@ -1,7 +1,7 @@
 // libFuzzer target for the HTTP API's request parsing (server/http_json.cpp):
 // a body as a client could send it, through parse_json_body and, when it is a
 // JSON object, through the parser of every route that takes one (completions,
-// chat, tokenize, detokenize, route). Malformed input must come back as an
+// chat, Anthropic messages, tokenize, detokenize, route). Malformed input must come back as an
 // error with a status and a message. An exception escaping, a crash or a
 // sanitizer report is a finding: over HTTP it would be a 500, not the 400 the
 // API promises.
@@ -36,6 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!json) return 0;
   check(colibri::server::parse_generation(*json, false));
   check(colibri::server::parse_generation(*json, true));
+  check(colibri::server::parse_anthropic_messages(*json));
   check(colibri::server::parse_tokenize(*json));
   check(colibri::server::parse_detokenize(*json));
   check(colibri::server::parse_route(*json));

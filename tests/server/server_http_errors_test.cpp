@@ -249,12 +249,14 @@ TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
   const std::vector<std::pair<std::string, std::string>> routes = {
       {"GET", "/ready"},         {"GET", "/metrics"},          {"GET", "/v1/models"},
       {"GET", "/v1/models/x"},   {"POST", "/v1/completions"},  {"POST", "/v1/chat/completions"},
+      {"POST", "/v1/messages"},
       {"POST", "/tokenize"},     {"POST", "/detokenize"},      {"POST", "/v1/route"},
       {"GET", "/admin/config"},  {"POST", "/admin/reload"},    {"GET", "/admin/logs"},
       {"POST", "/admin/log-level"}, {"GET", "/no/such/route"}};
   for (const httplib::Headers& headers :
        {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer wrong-key-123"}},
-        httplib::Headers{{"Authorization", "test-key-123"}}, httplib::Headers{{"X-Api-Key", "test-key-123"}}}) {
+        httplib::Headers{{"Authorization", "test-key-123"}}, httplib::Headers{{"X-Api-Key", "wrong-key-123"}},
+        httplib::Headers{{"Api-Key", "test-key-123"}}}) {
     for (const auto& [method, path] : routes) {
       HttpResult res = method == "GET" ? http_get(port, path, headers) : http_post(port, path, std::string("{}"), headers);
       EXPECT_EQ(res.status, 401) << method << " " << path;
@@ -262,6 +264,20 @@ TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
     }
   }
   EXPECT_EQ(http_get(port, "/health").status, 200);
+  // Anthropic's clients send the key as x-api-key.
+  EXPECT_EQ(http_get(port, "/v1/models", {{"x-api-key", "test-key-123"}}).status, 200);
+  // A refused POST's body is not read, so its connection is closed rather
+  // than kept: a kept-alive client's next request must not be parsed from it.
+  httplib::Client client("127.0.0.1", port);
+  client.set_keep_alive(true);
+  auto refused = client.Post("/v1/completions", {{"Authorization", "Bearer wrong"}}, R"({"prompt": "a long enough body"})",
+                             "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  auto next = client.Post("/v1/completions", {{"Authorization", "Bearer test-key-123"}},
+                          R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
   const httplib::Headers good = {{"Authorization", "Bearer test-key-123"}};
   EXPECT_EQ(http_get(port, "/v1/models", good).status, 200);
   EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}, good).status, 200);

@@ -410,6 +410,80 @@ TEST_F(HttpServerTest, JsonObjectModeOnlyWritesJson) {
   std::printf("json_object: %d of 6 sampled generations closed their object within 48 tokens\n", stopped);
 }
 
+// Anthropic's Messages API: the same generation as chat completions for the
+// same conversation (system as a top-level field), in Anthropic's shapes.
+TEST_F(HttpServerTest, AnthropicMessagesEqualChatCompletions) {
+  const json chat = {{"messages", {{{"role", "system"}, {"content", "You are terse."}},
+                                   {{"role", "user"}, {"content", "Name three colours."}}}},
+                     {"max_tokens", 16}};
+  auto expected = http_post(port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(expected.status, 200) << expected.body;
+  const json expected_body = expected.json_body();
+  const std::string text = expected_body["choices"][0]["message"]["content"];
+  const json request = {{"system", "You are terse."},
+                        {"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Name three colours."}}}}}}},
+                        {"max_tokens", 16}};
+  auto res = http_post(port(), "/v1/messages", request);
+  ASSERT_EQ(res.status, 200) << res.body;
+  const json message = res.json_body();
+  EXPECT_EQ(message["type"], "message");
+  EXPECT_EQ(message["role"], "assistant");
+  EXPECT_EQ(message["content"], json::array({{{"type", "text"}, {"text", text}}}));
+  EXPECT_EQ(message["stop_reason"],
+            expected_body["choices"][0]["finish_reason"] == "length" ? "max_tokens" : "end_turn");
+  EXPECT_EQ(message["usage"]["input_tokens"], expected_body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(message["usage"]["output_tokens"], expected_body["usage"]["completion_tokens"]);
+
+  // Streamed: Anthropic's event sequence, the deltas making up the same text.
+  json streamed_request = request;
+  streamed_request["stream"] = true;
+  auto stream = http_stream(port(), "/v1/messages", streamed_request);
+  ASSERT_EQ(stream.status, 200) << stream.raw;
+  std::vector<std::string> names;
+  std::string streamed;
+  std::size_t at = 0;
+  while (at < stream.raw.size()) {
+    const std::size_t end = stream.raw.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos) << stream.raw;
+    const std::string event = stream.raw.substr(at, end - at);
+    at = end + 2;
+    ASSERT_EQ(event.rfind("event: ", 0), 0u) << event;
+    const std::size_t newline = event.find('\n');
+    const std::string name = event.substr(7, newline - 7);
+    const json data = json::parse(event.substr(newline + 7));  // "\ndata: "
+    EXPECT_EQ(data["type"], name);
+    if (names.empty() || names.back() != name) names.push_back(name);
+    if (name == "content_block_delta") streamed += data["delta"]["text"].get<std::string>();
+    if (name == "message_delta") EXPECT_EQ(data["delta"]["stop_reason"], message["stop_reason"]);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
+                                             "content_block_stop", "message_delta", "message_stop"}));
+  EXPECT_EQ(streamed, text);
+
+  // A stop sequence is named; errors have Anthropic's shape.
+  const auto letter = std::find_if(text.begin() + (text.empty() ? 0 : 1), text.end(),
+                                   [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); });
+  if (letter != text.end()) {
+    const std::string stop(1, *letter);
+    json stopping = request;
+    stopping["stop_sequences"] = {stop};
+    auto stopped = http_post(port(), "/v1/messages", stopping);
+    ASSERT_EQ(stopped.status, 200);
+    EXPECT_EQ(stopped.json_body()["stop_reason"], "stop_sequence");
+    EXPECT_EQ(stopped.json_body()["stop_sequence"], stop);
+  }
+  json no_max = request;
+  no_max.erase("max_tokens");
+  auto refused = http_post(port(), "/v1/messages", no_max);
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.json_body()["type"], "error");
+  EXPECT_EQ(refused.json_body()["error"]["type"], "invalid_request_error");
+  EXPECT_NE(refused.json_body()["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos);
+  json system_role = request;
+  system_role["messages"] = {{{"role", "system"}, {"content", "x"}}};
+  EXPECT_EQ(http_post(port(), "/v1/messages", system_role).status, 400);
+}
+
 // Chat's shape (content entries with bytes), the same in a stream as in one
 // body; the entries' bytes make up the text.
 TEST_F(HttpServerTest, ChatLogprobsStreamingAndNot) {
