@@ -309,7 +309,7 @@ Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat)
   return out;
 }
 
-Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body) {
+Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body, bool count_only) {
   HttpGeneration out;
   GenerationRequest& r = out.request;
   r.chat = true;
@@ -317,7 +317,7 @@ Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body) {
   if (auto model = f.string("model")) r.model = *model;
   // Anthropic requires max_tokens; so does this endpoint, to answer as Anthropic does.
   r.max_tokens = f.integer("max_tokens");
-  if (!r.max_tokens && !f.error()) f.fail("max_tokens", "max_tokens is required");
+  if (!r.max_tokens && !count_only && !f.error()) f.fail("max_tokens", "max_tokens is required");
   if (const json* system = f.get("system"); system != nullptr) {
     ChatMessage message{"system", ""};
     if (system->is_string()) {

@@ -28,8 +28,9 @@ struct HttpGeneration {
 Expected<HttpGeneration> parse_generation(const nlohmann::json& body, bool chat);
 // Anthropic's Messages API (POST /v1/messages): system, messages of user and
 // assistant text, max_tokens (required), stop_sequences, temperature, top_p,
-// top_k, stream; tools and extended thinking are refused by name.
-Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body);
+// top_k, stream; tools and extended thinking are refused by name. count_only:
+// for /v1/messages/count_tokens, where max_tokens is not needed.
+Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body, bool count_only = false);
 Expected<TokenizeRequest> parse_tokenize(const nlohmann::json& body);
 
 struct DetokenizeRequest {

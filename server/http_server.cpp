@@ -242,6 +242,7 @@ const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
       {"POST", "/v1/completions", "/v1/completions"},
       {"POST", "/v1/chat/completions", "/v1/chat/completions"},
       {"POST", "/v1/messages", "/v1/messages"},
+      {"POST", "/v1/messages/count_tokens", "/v1/messages/count_tokens"},
       {"POST", "/tokenize", "/tokenize"},
       {"POST", "/detokenize", "/detokenize"},
       {"POST", "/v1/route", "/v1/route"},
@@ -335,7 +336,7 @@ void HttpServer::install() {
           req.has_header("Authorization") || req.has_header("x-api-key")
               ? "the API key is not valid"
               : "this server needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
-      if (req.path == "/v1/messages") send_anthropic_error(res, error);
+      if (req.path.rfind("/v1/messages", 0) == 0) send_anthropic_error(res, error);
       else send_error(res, error);
       // The body was not read: on a kept-alive connection its bytes would be
       // parsed as the next request.
@@ -584,6 +585,20 @@ void HttpServer::install() {
            auto result = service_.tokenize(*parsed);
            if (!result) return send_error(res, result.error());
            send_json(res, 200, {{"tokens", result->ids}, {"count", result->ids.size()}, {"max_model_len", result->max_context}});
+         }));
+  // Anthropic's token count: the conversation as the chat template renders
+  // it, generation prompt included, which is what a request would feed.
+  s.Post("/v1/messages/count_tokens", safe([this](const httplib::Request& req, httplib::Response& res) {
+           auto body = parse_json_body(req.body);
+           if (!body) return send_anthropic_error(res, body.error());
+           auto parsed = parse_anthropic_messages(*body, true);
+           if (!parsed) return send_anthropic_error(res, parsed.error());
+           TokenizeRequest tokenize;
+           tokenize.model = parsed->request.model;
+           tokenize.messages = parsed->request.messages;
+           auto result = service_.tokenize(tokenize);
+           if (!result) return send_anthropic_error(res, result.error());
+           send_json(res, 200, {{"input_tokens", result->ids.size()}});
          }));
   s.Post("/detokenize", safe([this](const httplib::Request& req, httplib::Response& res) {
            auto body = parse_json_body(req.body);

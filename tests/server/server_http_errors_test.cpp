@@ -249,7 +249,7 @@ TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
   const std::vector<std::pair<std::string, std::string>> routes = {
       {"GET", "/ready"},         {"GET", "/metrics"},          {"GET", "/v1/models"},
       {"GET", "/v1/models/x"},   {"POST", "/v1/completions"},  {"POST", "/v1/chat/completions"},
-      {"POST", "/v1/messages"},
+      {"POST", "/v1/messages"},  {"POST", "/v1/messages/count_tokens"},
       {"POST", "/tokenize"},     {"POST", "/detokenize"},      {"POST", "/v1/route"},
       {"GET", "/admin/config"},  {"POST", "/admin/reload"},    {"GET", "/admin/logs"},
       {"POST", "/admin/log-level"}, {"GET", "/no/such/route"}};

@@ -454,7 +454,9 @@ TEST_F(HttpServerTest, AnthropicMessagesEqualChatCompletions) {
     EXPECT_EQ(data["type"], name);
     if (names.empty() || names.back() != name) names.push_back(name);
     if (name == "content_block_delta") streamed += data["delta"]["text"].get<std::string>();
-    if (name == "message_delta") EXPECT_EQ(data["delta"]["stop_reason"], message["stop_reason"]);
+    if (name == "message_delta") {
+      EXPECT_EQ(data["delta"]["stop_reason"], message["stop_reason"]);
+    }
   }
   EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
                                              "content_block_stop", "message_delta", "message_stop"}));
@@ -482,6 +484,11 @@ TEST_F(HttpServerTest, AnthropicMessagesEqualChatCompletions) {
   json system_role = request;
   system_role["messages"] = {{{"role", "system"}, {"content", "x"}}};
   EXPECT_EQ(http_post(port(), "/v1/messages", system_role).status, 400);
+
+  // count_tokens: what the request feeds, as its usage says (no max_tokens needed).
+  auto counted = http_post(port(), "/v1/messages/count_tokens", no_max);
+  ASSERT_EQ(counted.status, 200) << counted.body;
+  EXPECT_EQ(counted.json_body()["input_tokens"], message["usage"]["input_tokens"]);
 }
 
 // Chat's shape (content entries with bytes), the same in a stream as in one

@@ -39,6 +39,13 @@ check('messages.create: one text block, stop reason and usage', async () => {
   assert.ok(message.usage.output_tokens > 0 && message.usage.output_tokens <= 24);
 });
 
+check('countTokens gives the input tokens a request is charged', async () => {
+  const { max_tokens: _, ...countable } = request();
+  const counted = await client.messages.countTokens(countable);
+  const message = await client.messages.create(request());
+  assert.equal(counted.input_tokens, message.usage.input_tokens);
+});
+
 check('streamed events make up the same message', async () => {
   const whole = await client.messages.create(request());
   const stream = client.messages.stream(request());
