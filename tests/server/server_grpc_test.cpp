@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "colibri.grpc.pb.h"
+#include "model/model.h"
+#include "runtime/json_prefix.h"
 #include "server_harness.h"
 
 namespace colibri::test {
@@ -233,6 +235,36 @@ TEST_F(GrpcServerTest, LogprobsAsOverHttp) {
   const grpc::Status status = read_all(stub_->Chat(ctx3.get(), request)).status;
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("between 0 and 20"), std::string::npos) << status.error_message();
+}
+
+// json_object as over HTTP: with '}' favoured the object closes at once and
+// that ends the generation; sampled, the text is always the start of one.
+TEST_F(GrpcServerTest, JsonObjectAsOverHttp) {
+  auto model = Model::load(fixture_dir());
+  ASSERT_TRUE(model.ok());
+  const auto brace = (*model)->tokenizer().token_to_id("}");
+  ASSERT_TRUE(brace.has_value());
+  pb::GenerateRequest request;
+  request.set_prompt("Reply in JSON:");
+  request.mutable_options()->set_max_tokens(32);
+  request.mutable_options()->set_ignore_eos(true);
+  request.mutable_options()->set_json_object(true);
+  (*request.mutable_options()->mutable_logit_bias())[*brace] = 100;
+  auto ctx = context();
+  Streamed closed = read_all(stub_->Generate(ctx.get(), request));
+  ASSERT_TRUE(closed.status.ok()) << closed.status.error_message();
+  EXPECT_EQ(closed.text, "{}");
+  EXPECT_EQ(closed.last.finish_reason(), pb::FINISH_REASON_STOP);
+
+  request.mutable_options()->clear_logit_bias();
+  request.mutable_options()->set_temperature(1.0f);
+  request.mutable_options()->set_seed(5);
+  auto ctx2 = context();
+  Streamed sampled = read_all(stub_->Generate(ctx2.get(), request));
+  ASSERT_TRUE(sampled.status.ok()) << sampled.status.error_message();
+  JsonPrefix json;
+  EXPECT_TRUE(json.push(std::string_view(sampled.text))) << sampled.text;
+  EXPECT_EQ(sampled.text.front(), '{');
 }
 
 TEST_F(GrpcServerTest, ErrorsMapToGrpcCodes) {
