@@ -71,6 +71,20 @@ void apply_options(const pb::SamplingOptions& o, GenerationRequest& r) {
   std::sort(r.logit_bias.begin(), r.logit_bias.end());
   if (o.has_logprobs()) r.logprobs = o.logprobs();
   r.json_object = o.json_object();
+  // Prompt scoring is HTTP's echo with logprobs, less the echoed text.
+  r.echo = o.prompt_logprobs();
+}
+
+void add_logprob(const Tokenizer& tokenizer, const TokenLogprob& entry, pb::TokenLogprob* out) {
+  out->set_token_id(entry.token);
+  out->set_logprob(entry.logprob);
+  out->set_token(tokenizer.token_bytes(entry.token));
+  for (const TopLogprob& alternative : entry.top) {
+    pb::TopLogprob* top = out->add_top_logprobs();
+    top->set_token_id(alternative.token);
+    top->set_logprob(alternative.logprob);
+    top->set_token(tokenizer.token_bytes(alternative.token));
+  }
 }
 
 }  // namespace
@@ -253,6 +267,9 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
 
   grpc::Status generate(grpc::ServerContext* ctx, const GenerationRequest& request,
                         grpc::ServerWriter<pb::GenerateChunk>* writer) {
+    if (request.echo && !request.logprobs)
+      return fail(ctx, ApiError::invalid("prompt_logprobs needs logprobs (0 to 20 alternatives per token)",
+                                         "prompt_logprobs"));
     auto prepared = service_.prepare(request);
     if (!prepared) return fail(ctx, prepared.error());
     RequestRecord record;
@@ -329,18 +346,8 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
         for (const StreamChunk& piece : batch.chunks) {
           text += piece.text;
           chunk.mutable_token_ids()->Add(piece.tokens.begin(), piece.tokens.end());
-          for (const TokenLogprob& entry : piece.logprobs) {
-            pb::TokenLogprob* out = chunk.add_logprobs();
-            out->set_token_id(entry.token);
-            out->set_logprob(entry.logprob);
-            out->set_token(tokenizer.token_bytes(entry.token));
-            for (const TopLogprob& alternative : entry.top) {
-              pb::TopLogprob* top = out->add_top_logprobs();
-              top->set_token_id(alternative.token);
-              top->set_logprob(alternative.logprob);
-              top->set_token(tokenizer.token_bytes(alternative.token));
-            }
-          }
+          for (const TokenLogprob& entry : piece.prompt_logprobs) add_logprob(tokenizer, entry, chunk.add_prompt_logprobs());
+          for (const TokenLogprob& entry : piece.logprobs) add_logprob(tokenizer, entry, chunk.add_logprobs());
         }
         chunk.set_text(std::move(text));
         if (!write(chunk)) {

@@ -6,6 +6,8 @@
 #include <grpcpp/impl/codegen/client_unary_call.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "colibri.grpc.pb.h"
 #include "model/model.h"
 #include "runtime/json_prefix.h"
@@ -40,6 +42,7 @@ class GrpcServerTest : public ::testing::Test {
     std::vector<std::int32_t> tokens;
     std::string text;
     std::vector<pb::TokenLogprob> logprobs;
+    std::vector<pb::TokenLogprob> prompt_logprobs;
     pb::GenerateChunk last;
     int chunks = 0;
   };
@@ -51,6 +54,8 @@ class GrpcServerTest : public ::testing::Test {
       out.tokens.insert(out.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
       out.text += chunk.text();
       out.logprobs.insert(out.logprobs.end(), chunk.logprobs().begin(), chunk.logprobs().end());
+      out.prompt_logprobs.insert(out.prompt_logprobs.end(), chunk.prompt_logprobs().begin(),
+                                 chunk.prompt_logprobs().end());
       out.last = chunk;
     }
     out.status = reader->Finish();
@@ -265,6 +270,38 @@ TEST_F(GrpcServerTest, JsonObjectAsOverHttp) {
   JsonPrefix json;
   EXPECT_TRUE(json.push(std::string_view(sampled.text))) << sampled.text;
   EXPECT_EQ(sampled.text.front(), '{');
+}
+
+// Prompt scoring: the same numbers as HTTP's echo with logprobs.
+TEST_F(GrpcServerTest, PromptLogprobsAsHttpEcho) {
+  const std::vector<std::int32_t> ids = {39, 68, 423, 78, 278, 260};
+  auto http = http_post(server_->port(), "/v1/completions",
+                        json{{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
+  ASSERT_EQ(http.status, 200) << http.body;
+  const json lp = http.json_body()["choices"][0]["logprobs"];
+
+  pb::GenerateRequest request;
+  request.mutable_prompt_tokens()->mutable_ids()->Add(ids.begin(), ids.end());
+  request.mutable_options()->set_max_tokens(0);
+  request.mutable_options()->set_logprobs(2);
+  request.mutable_options()->set_prompt_logprobs(true);
+  auto ctx = context();
+  Streamed out = read_all(stub_->Generate(ctx.get(), request));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_TRUE(out.tokens.empty());
+  ASSERT_EQ(out.prompt_logprobs.size(), ids.size());
+  EXPECT_TRUE(std::isnan(out.prompt_logprobs[0].logprob()));
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(out.prompt_logprobs[i].token_id(), ids[i]);
+    if (i > 0) {
+      EXPECT_FLOAT_EQ(out.prompt_logprobs[i].logprob(), lp["token_logprobs"][i].get<float>()) << i;
+    }
+  }
+  request.mutable_options()->clear_logprobs();
+  auto ctx2 = context();
+  const grpc::Status status = read_all(stub_->Generate(ctx2.get(), request)).status;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("prompt_logprobs needs logprobs"), std::string::npos);
 }
 
 TEST_F(GrpcServerTest, ErrorsMapToGrpcCodes) {
