@@ -2,20 +2,21 @@
 //
 // JsonPrefix reads a text byte by byte and refuses the first byte after which
 // it could no longer be the start of a JSON text (RFC 8259) whose top-level
-// value is an object, written from its opening brace (no whitespace before it:
-// a model would only spend tokens on it). It is a pushdown automaton in a few dozen bytes: the
-// container stack is a bit per level, so a copy is cheap and masking a
-// vocabulary is one copy and a few byte steps per token.
+// value is an object, written from its opening brace (no whitespace before
+// it: a model would only spend tokens on it). It is a pushdown automaton in a
+// few dozen bytes: the container stack is a bit per level, so a copy is cheap
+// and masking a vocabulary is one copy and a few byte steps per token.
 //
 // Strings must be well-formed UTF-8 (no overlongs, surrogates or bytes past
 // U+10FFFF, and no character cut by the closing quote), so the text needs no
-// U+FFFD substitution on its way out, and \u escapes of surrogates must come
-// in pairs (a lone one is valid JSON that strict parsers refuse). Limits keep a model from wandering:
-// nesting deeper than kMaxDepth is refused, and so is whitespace beyond
-// kMaxWhitespaceRun bytes in a row (enough for pretty-printed output, not for
-// a page of blanks). Exponents have at most kMaxExponentDigits digits, so no
-// number is out of a double's range (1e400 is valid JSON that common parsers
-// refuse).
+// U+FFFD substitution on its way out; \u escapes of surrogates must come in
+// pairs (a lone one is valid JSON that strict parsers refuse). Limits keep a
+// model from wandering: nesting deeper than kMaxDepth is refused, and so is
+// whitespace beyond kMaxWhitespaceRun bytes in a row (enough for
+// pretty-printed output, not for a page of blanks). Exponents have at most
+// kMaxExponentDigits digits, so no number is out of a double's range (1e400
+// is valid JSON that common parsers refuse). Every prefix it accepts can
+// still be finished: a rule is enforced at the byte that breaks it.
 #pragma once
 
 #include <cstdint>
