@@ -295,13 +295,8 @@ void Scheduler::add_decode(Job& job) {
   const bool logprobs = job.spec.logprobs >= 0;
   if (logprobs) std::copy(job.logits.begin(), job.logits.end(), job.raw_logits.begin());
   if (job.json) {
-    // Only tokens that continue the JSON text stay selectable; the end ids
-    // never are: the generation ends when the object closes.
-    const std::size_t selectable = mask_json_logits(*job.json, *json_vocabulary_, job.logits);
-    for (std::int32_t id : job.spec.end_ids)
-      if (id >= 0 && static_cast<std::size_t>(id) < job.logits.size())
-        job.logits[static_cast<std::size_t>(id)] = -std::numeric_limits<float>::infinity();
-    if (selectable == 0) {
+    // Only tokens that continue the JSON text stay selectable.
+    if (mask_json_logits(*job.json, *json_vocabulary_, job.logits, job.spec.end_ids) == 0) {
       finish(job, Finish::Error,
              ApiError::internal("response_format json_object: no token of the vocabulary continues the JSON text"));
       return;

@@ -1,7 +1,6 @@
 #include "runtime/generator.h"
 
 #include <algorithm>
-#include <limits>
 #include <optional>
 
 #include "runtime/stop_strings.h"
@@ -98,11 +97,7 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
   for (std::int32_t n = 0; n < options.max_tokens && running; ++n) {
     if (options.logprobs >= 0) std::copy(logits.begin(), logits.end(), raw_logits.begin());
     if (json) {
-      // The object's closing brace ends the generation, never an end id.
-      const std::size_t selectable = mask_json_logits(*json, *options.json, logits);
-      for (std::int32_t id : end_ids)
-        if (id >= 0 && id < vocab) logits[static_cast<std::size_t>(id)] = -std::numeric_limits<float>::infinity();
-      if (selectable == 0)
+      if (mask_json_logits(*json, *options.json, logits, end_ids) == 0)
         return make_error("json output: no token of the vocabulary continues the JSON text at position {}",
                           session.position());
     }

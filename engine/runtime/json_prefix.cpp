@@ -297,7 +297,9 @@ JsonVocabulary json_vocabulary(const Tokenizer& tokenizer) {
   return JsonVocabulary(std::move(bytes), std::move(special));
 }
 
-std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits) {
+namespace {
+
+std::size_t mask_continuations(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits) {
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   std::size_t selectable = 0;
   const std::size_t n = std::min(logits.size(), vocabulary.bytes.size());
@@ -334,6 +336,28 @@ std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& voca
       if (ok) ++selectable;
       else logits[id] = kBanned;
     }
+  }
+  return selectable;
+}
+
+}  // namespace
+
+std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits,
+                             std::span<const std::int32_t> end_ids) {
+  std::size_t selectable = mask_continuations(state, vocabulary, logits);
+  for (std::size_t i = 0; i < end_ids.size(); ++i) {
+    const std::int32_t id = end_ids[i];
+    // An id listed twice (the tokenizer's and the config's EOS) counts once.
+    if (id < 0 || static_cast<std::size_t>(id) >= logits.size() ||
+        std::find(end_ids.begin(), end_ids.begin() + static_cast<std::ptrdiff_t>(i), id) != end_ids.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;
+    const auto at = static_cast<std::size_t>(id);
+    // Counted above when its bytes continue the text; banned now either way.
+    JsonPrefix next = state;
+    if (at < vocabulary.bytes.size() && !vocabulary.banned[at] && !vocabulary.bytes[at].empty() &&
+        next.push_on_copy(vocabulary.bytes[at]))
+      --selectable;
+    logits[at] = -std::numeric_limits<float>::infinity();
   }
   return selectable;
 }

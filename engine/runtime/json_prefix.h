@@ -115,7 +115,10 @@ class Tokenizer;
 JsonVocabulary json_vocabulary(const Tokenizer& tokenizer);
 
 // Sets to -inf the logits of every token whose bytes cannot continue `state`
-// (banned ones always). Returns how many stay selectable. Never allocates.
-std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits);
+// (banned ones always, and the `end_ids` of the request: the generation ends
+// when the object closes, never by an end token). Returns how many stay
+// selectable. Never allocates.
+std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& vocabulary, std::span<float> logits,
+                             std::span<const std::int32_t> end_ids = {});
 
 }  // namespace colibri

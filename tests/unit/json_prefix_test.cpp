@@ -161,6 +161,11 @@ TEST(JsonPrefix, MaskKeepsExactlyTheTokensThatContinue) {
   EXPECT_EQ(logits[4], banned);   // a bare letter
   EXPECT_EQ(logits[9], banned);   // banned, though "<" could never start a value anyway
   EXPECT_EQ(logits[10], 0.0f);
+  // End ids are masked too and no longer counted, once each however often listed.
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  const std::vector<std::int32_t> end_ids = {10, 4, 10, 99};
+  EXPECT_EQ(mask_json_logits(json, vocabulary, logits, end_ids), 5u);  // "1," gone; "a" was never selectable
+  EXPECT_EQ(logits[10], banned);
   // Inside a string the plain tokens pass by lookup; the others still walk
   // their bytes: "\"" and "{\"" close the key (then a ':' must come), "\"a\"" cannot.
   ASSERT_TRUE(json.push(std::string_view("{\"")));
