@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iterator>
+#include <optional>
 #include <regex>
 #include <utility>
 
@@ -93,6 +94,25 @@ struct StreamState {
   std::chrono::milliseconds poll{100};
 };
 
+// The error a stream ends with once its model's file was found damaged:
+// tokens computed after the file was truncated are not sent, and the
+// generation is cancelled. Null while the model is sound.
+std::optional<ApiError> stream_damage(StreamState& state) {
+  auto damage = state.job.damage();
+  if (!damage) return std::nullopt;
+  state.channel->cancel();
+  state.record->finish = "error";
+  state.record->status = damage->status;
+  return damage;
+}
+
+// A generation that ended in a fault after the stream's headers were sent:
+// it is reported inside the stream.
+bool ended_in_fault(const StreamResult& result) {
+  return result.error &&
+         (result.finish == Finish::Error || result.finish == Finish::Shutdown || result.finish == Finish::SlowClient);
+}
+
 // Writes SSE events until the generation ends. Returning false tells
 // cpp-httplib the stream failed; the releaser then cancels the generation.
 bool write_stream(StreamState& state, httplib::DataSink& sink) {
@@ -106,11 +126,7 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
   }
   for (;;) {
     StreamChannel::Batch batch = state.channel->wait(state.poll);
-    if (auto damage = state.job.damage()) {
-      // Tokens computed after the model's file was truncated are not sent.
-      state.channel->cancel();
-      state.record->finish = "error";
-      state.record->status = damage->status;
+    if (auto damage = stream_damage(state)) {
       if (!write(damage->to_json())) return false;
       static constexpr char kDone[] = "data: [DONE]\n\n";
       if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
@@ -143,9 +159,7 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
       const StreamResult& result = *batch.result;
       state.record->take(result);
       if (result.finish == Finish::Cancelled) return false;
-      if (result.error && (result.finish == Finish::Error || result.finish == Finish::Shutdown ||
-                           result.finish == Finish::SlowClient)) {
-        // Headers are gone; a fault after them is reported inside the stream.
+      if (ended_in_fault(result)) {
         if (!write(result.error->to_json())) return false;
       } else {
         const std::vector<std::int32_t> none;
@@ -194,12 +208,7 @@ bool write_anthropic_stream(StreamState& state, httplib::DataSink& sink) {
       sink.done();
       return true;
     };
-    if (auto damage = state.job.damage()) {
-      state.channel->cancel();
-      state.record->finish = "error";
-      state.record->status = damage->status;
-      return fail(*damage);
-    }
+    if (auto damage = stream_damage(state)) return fail(*damage);
     if (!batch.chunks.empty()) {
       state.record->token_arrived();
       std::string text;
@@ -213,9 +222,7 @@ bool write_anthropic_stream(StreamState& state, httplib::DataSink& sink) {
       const StreamResult& result = *batch.result;
       state.record->take(result);
       if (result.finish == Finish::Cancelled) return false;
-      if (result.error && (result.finish == Finish::Error || result.finish == Finish::Shutdown ||
-                           result.finish == Finish::SlowClient))
-        return fail(*result.error);
+      if (ended_in_fault(result)) return fail(*result.error);
       const json stop_sequence = result.stop_sequence.empty() ? json() : json(result.stop_sequence);
       if (!write("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) ||
           !write("message_delta", {{"type", "message_delta"},
