@@ -189,6 +189,22 @@ void parse_prompt(Fields& f, GenerationRequest& request) {
   request.prompt_tokens = std::move(ids);
 }
 
+// The text of an array of content parts, {"type": "text", "text": "..."}
+// each (OpenAI's content parts, Anthropic's text blocks): the only content a
+// text model takes. On a part that is not text, its index in *bad_part.
+std::optional<std::string> text_of_parts(const json& parts, std::size_t* bad_part) {
+  std::string text;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const json& part = parts[p];
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") || !part["text"].is_string()) {
+      *bad_part = p;
+      return std::nullopt;
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
 std::optional<std::vector<ChatMessage>> parse_messages(Fields& f, const json* v) {
   if (v == nullptr) return f.fail("messages", "messages is required"), std::nullopt;
   if (!v->is_array()) return f.fail("messages", fmt::format("messages must be an array, got {}", type_of(*v))), std::nullopt;
@@ -206,18 +222,14 @@ std::optional<std::vector<ChatMessage>> parse_messages(Fields& f, const json* v)
       if (content->is_string()) {
         message.content = content->get<std::string>();
       } else if (content->is_array()) {
-        // Content parts: only text parts exist for a text model.
-        for (std::size_t p = 0; p < content->size(); ++p) {
-          const json& part = (*content)[p];
-          if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-              !part["text"].is_string()) {
-            mf.fail_param(fmt::format("{}.content[{}]", at, p),
-                          fmt::format("{}.content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}; only text "
-                                      "content is supported",
-                                      at, p));
-            break;
-          }
-          message.content += part["text"].get<std::string>();
+        std::size_t p = 0;
+        if (auto text = text_of_parts(*content, &p)) {
+          message.content = std::move(*text);
+        } else {
+          mf.fail_param(fmt::format("{}.content[{}]", at, p),
+                        fmt::format("{}.content[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}; only text "
+                                    "content is supported",
+                                    at, p));
         }
       } else {
         mf.fail("content", fmt::format("{}.content must be a string or an array of text parts, got {}", at, type_of(*content)));
@@ -323,15 +335,11 @@ Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body, bo
     if (system->is_string()) {
       message.content = system->get<std::string>();
     } else if (system->is_array()) {
-      for (std::size_t i = 0; i < system->size(); ++i) {
-        const json& block = (*system)[i];
-        if (!block.is_object() || block.value("type", json()) != "text" || !block.contains("text") ||
-            !block["text"].is_string()) {
-          f.fail_param("system", fmt::format("system[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}", i));
-          break;
-        }
-        message.content += block["text"].get<std::string>();
-      }
+      std::size_t i = 0;
+      if (auto text = text_of_parts(*system, &i))
+        message.content = std::move(*text);
+      else
+        f.fail_param("system", fmt::format("system[{}] must be {{\"type\": \"text\", \"text\": \"...\"}}", i));
     } else {
       f.fail("system", fmt::format("system must be a string or an array of text blocks, got {}", type_of(*system)));
     }
