@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "model/model.h"
@@ -136,134 +137,125 @@ TEST_F(SchedulerTest, ConcurrentRequestsGiveTheSameTokensAsOneAlone) {
   scheduler.stop();
 }
 
-TEST_F(SchedulerTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
+// Activation modes only matter for quantized weights: the fixture as int8.
+std::shared_ptr<const Model> int8_fixture(const std::string& name) {
+  const auto path = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".colibri");
+  EXPECT_TRUE(colibri_test::convert_checkpoint(colibri_test::fixture_dir("olmoe-tiny"), path, "int8").ok());
+  auto loaded = Model::load(path);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(loaded.ok());
+  return loaded.ok() ? *loaded : nullptr;
+}
+
+// Four prompts of 8, 11, 14 and 17 tokens, their tails `first + stride * i + j`.
+std::vector<std::vector<std::int32_t>> mode_prompts(std::int32_t first, std::int32_t stride) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (std::int32_t i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> p = {39, 68, 423, 78, 278, 260, 11, 12};
+    for (std::int32_t j = 0; j < 3 * i; ++j) p.push_back(first + stride * i + j);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// Sampled at temperature 1: the modes' small logit differences move the
+// sampling thresholds, so two modes' token streams tell them apart (greedy
+// tokens on this tiny model are the same in both).
+SamplingParams mode_sampling(std::uint64_t seed) {
+  SamplingParams sampling;
+  sampling.temperature = 1.0f;
+  sampling.seed = seed;
+  return sampling;
+}
+
+// 48 tokens of `prompt` from a Session alone, set up by `configure`.
+std::vector<std::int32_t> alone(const std::shared_ptr<const Model>& model, const std::vector<std::int32_t>& prompt,
+                                const SamplingParams& sampling, const std::function<void(Session&)>& configure) {
+  GenerateOptions options;
+  options.max_tokens = 48;
+  options.ignore_eos = true;
+  options.sampling = sampling;
+  Session session(model, 256);
+  configure(session);
+  auto out = generate(session, prompt, options, {});
+  EXPECT_TRUE(out.ok());
+  return out.ok() ? out->tokens : std::vector<std::int32_t>{};
+}
+
+// The scheduler's side of the mode tests, with SchedulerTest's job() and drain().
+class SchedulerModesTest : public SchedulerTest {
+ protected:
+  // 48 tokens of each prompt, all submitted together to a scheduler of four
+  // sessions whose prompts are split across 5-token steps from the first one,
+  // in the modes `configure` sets.
+  static std::vector<std::vector<std::int32_t>> scheduled(const std::shared_ptr<const Model>& model,
+                                                          const std::vector<std::vector<std::int32_t>>& prompts,
+                                                          const SamplingParams& sampling,
+                                                          const std::function<void(SchedulerOptions&)>& configure) {
+    Metrics metrics;
+    SchedulerOptions options;
+    options.max_sessions = 4;
+    options.context = 256;
+    options.prefill_chunk = 5;
+    options.prefill_chunk_idle = 0;
+    configure(options);
+    Scheduler scheduler(model, options, metrics);
+    scheduler.start();
+    std::vector<std::shared_ptr<StreamChannel>> channels;
+    for (const auto& p : prompts) {
+      GenerationJobSpec spec = job(p, 48);
+      spec.sampling = sampling;
+      auto channel = scheduler.submit(std::move(spec));
+      EXPECT_TRUE(channel.ok());
+      if (channel.ok()) channels.push_back(*channel);
+    }
+    std::vector<std::vector<std::int32_t>> tokens;
+    for (auto& channel : channels) tokens.push_back(drain(*channel).tokens);
+    scheduler.stop();
+    return tokens;
+  }
+};
+
+TEST_F(SchedulerModesTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
   // prefill_modes = kPrefillInt8Ffn: each request's prompt (and its last
   // token's logits) in those modes, its generated tokens in the defaults,
   // exactly as Session::set_prefill_activation_modes does, whatever the
   // request is batched with (prompts split across steps, decoding sessions
   // in the other modes in the same passes).
-  // Activation modes only matter for quantized weights: the fixture as int8.
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("colibri-scheduler-int8-" + std::to_string(::getpid()) + ".colibri");
-  ASSERT_TRUE(colibri_test::convert_checkpoint(colibri_test::fixture_dir("olmoe-tiny"), path, "int8").ok());
-  auto loaded = Model::load(path);
-  std::filesystem::remove(path);
-  ASSERT_TRUE(loaded.ok());
-  const std::shared_ptr<const Model> model = *loaded;
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<std::int32_t> p = {39, 68, 423, 78, 278, 260, 11, 12};
-    for (int j = 0; j < 3 * i; ++j) p.push_back(static_cast<std::int32_t>(200 + 7 * i + j));
-    prompts.push_back(p);
-  }
-  // Sampled at temperature 1: the modes' small logit differences move the
-  // sampling thresholds, so the two modes' token streams tell them apart
-  // (greedy tokens on this tiny model are the same in both).
-  SamplingParams sampling;
-  sampling.temperature = 1.0f;
-  sampling.seed = 1234;
-  GenerateOptions options;
-  options.max_tokens = 48;
-  options.ignore_eos = true;
-  options.sampling = sampling;
-  std::vector<GenerateOutput> alone, alone_default;
-  for (const auto& p : prompts) {
-    Session session(model, 256);
-    session.set_prefill_activation_modes(kPrefillInt8Ffn);
-    auto out = generate(session, p, options, {});
-    ASSERT_TRUE(out.ok());
-    alone.push_back(*out);
-    Session plain(model, 256);
-    auto out_default = generate(plain, p, options, {});
-    ASSERT_TRUE(out_default.ok());
-    alone_default.push_back(*out_default);
-  }
-
-  Metrics metrics;
-  SchedulerOptions scheduler_options;
-  scheduler_options.max_sessions = 4;
-  scheduler_options.context = 256;
-  scheduler_options.prefill_chunk = 5;
-  scheduler_options.prefill_chunk_idle = 0;  // prompts split across steps from the first one
-  scheduler_options.prefill_modes = kPrefillInt8Ffn;
-  Scheduler scheduler(model, scheduler_options, metrics);
-  scheduler.start();
-  std::vector<std::shared_ptr<StreamChannel>> channels;
-  for (const auto& p : prompts) {
-    GenerationJobSpec spec = job(p, 48);
-    spec.sampling = sampling;
-    auto channel = scheduler.submit(std::move(spec));
-    ASSERT_TRUE(channel.ok());
-    channels.push_back(*channel);
-  }
+  const auto model = int8_fixture("colibri-scheduler-int8");
+  ASSERT_NE(model, nullptr);
+  const auto prompts = mode_prompts(200, 7);
+  const SamplingParams sampling = mode_sampling(1234);
+  const auto got = scheduled(model, prompts, sampling, [](SchedulerOptions& o) { o.prefill_modes = kPrefillInt8Ffn; });
+  ASSERT_EQ(got.size(), prompts.size());
   bool any_differs_from_default = false;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE(i);
-    auto got = drain(*channels[i]);
-    EXPECT_EQ(got.tokens, alone[i].tokens);
-    any_differs_from_default = any_differs_from_default || alone[i].tokens != alone_default[i].tokens;
+    const auto expected =
+        alone(model, prompts[i], sampling, [](Session& s) { s.set_prefill_activation_modes(kPrefillInt8Ffn); });
+    EXPECT_EQ(got[i], expected);
+    any_differs_from_default = any_differs_from_default || expected != alone(model, prompts[i], sampling, [](Session&) {});
   }
-  scheduler.stop();
   EXPECT_TRUE(any_differs_from_default) << "the fixture no longer tells the modes apart: the check above proves less";
 }
 
-TEST_F(SchedulerTest, DecodeModesGiveWhatASessionInThoseModesGives) {
+TEST_F(SchedulerModesTest, DecodeModesGiveWhatASessionInThoseModesGives) {
   // decode_modes = kPrefillInt8Ffn (decode_activations int8-ffn), no prefill
   // modes: every token of a request, prompt and generated, in those modes,
   // as a Session set to them alone, whatever it is batched with.
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("colibri-scheduler-decode-int8-" + std::to_string(::getpid()) + ".colibri");
-  ASSERT_TRUE(colibri_test::convert_checkpoint(colibri_test::fixture_dir("olmoe-tiny"), path, "int8").ok());
-  auto loaded = Model::load(path);
-  std::filesystem::remove(path);
-  ASSERT_TRUE(loaded.ok());
-  const std::shared_ptr<const Model> model = *loaded;
-  SamplingParams sampling;
-  sampling.temperature = 1.0f;
-  sampling.seed = 99;
-  GenerateOptions options;
-  options.max_tokens = 48;
-  options.ignore_eos = true;
-  options.sampling = sampling;
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::vector<GenerateOutput> alone;
+  const auto model = int8_fixture("colibri-scheduler-decode-int8");
+  ASSERT_NE(model, nullptr);
+  const auto prompts = mode_prompts(300, 5);
+  const SamplingParams sampling = mode_sampling(99);
+  const auto got = scheduled(model, prompts, sampling, [](SchedulerOptions& o) { o.decode_modes = kPrefillInt8Ffn; });
+  ASSERT_EQ(got.size(), prompts.size());
   bool any_differs_from_default = false;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<std::int32_t> p = {39, 68, 423, 78, 278, 260, 11, 12};
-    for (int j = 0; j < 3 * i; ++j) p.push_back(static_cast<std::int32_t>(300 + 5 * i + j));
-    prompts.push_back(p);
-    Session session(model, 256);
-    session.set_activation_modes(kPrefillInt8Ffn);
-    auto out = generate(session, p, options, {});
-    ASSERT_TRUE(out.ok());
-    alone.push_back(*out);
-    Session plain(model, 256);
-    auto out_default = generate(plain, p, options, {});
-    ASSERT_TRUE(out_default.ok());
-    any_differs_from_default = any_differs_from_default || out->tokens != out_default->tokens;
-  }
-  Metrics metrics;
-  SchedulerOptions scheduler_options;
-  scheduler_options.max_sessions = 4;
-  scheduler_options.context = 256;
-  scheduler_options.prefill_chunk = 5;
-  scheduler_options.prefill_chunk_idle = 0;
-  scheduler_options.decode_modes = kPrefillInt8Ffn;
-  Scheduler scheduler(model, scheduler_options, metrics);
-  scheduler.start();
-  std::vector<std::shared_ptr<StreamChannel>> channels;
-  for (const auto& p : prompts) {
-    GenerationJobSpec spec = job(p, 48);
-    spec.sampling = sampling;
-    auto channel = scheduler.submit(std::move(spec));
-    ASSERT_TRUE(channel.ok());
-    channels.push_back(*channel);
-  }
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE(i);
-    EXPECT_EQ(drain(*channels[i]).tokens, alone[i].tokens);
+    const auto expected = alone(model, prompts[i], sampling, [](Session& s) { s.set_activation_modes(kPrefillInt8Ffn); });
+    EXPECT_EQ(got[i], expected);
+    any_differs_from_default = any_differs_from_default || expected != alone(model, prompts[i], sampling, [](Session&) {});
   }
-  scheduler.stop();
   EXPECT_TRUE(any_differs_from_default) << "the fixture no longer tells the modes apart: the check above proves less";
 }
 
