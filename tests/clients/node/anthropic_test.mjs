@@ -6,12 +6,13 @@ import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
 import { VERSION as clientVersion } from '@anthropic-ai/sdk/version';
 
+import { checklist } from './checks.mjs';
+
 const [base, apiKey] = process.argv.slice(2);
 // The client sends the key as x-api-key. No retries: errors must show here.
 const client = new Anthropic({ baseURL: base, apiKey, maxRetries: 0, timeout: 60_000 });
 
-const checks = [];
-const check = (name, body) => checks.push([name, body]);
+const { check, run } = checklist();
 
 let model;
 check('the served model is found through the OpenAI route', async () => {
@@ -83,15 +84,4 @@ check('errors arrive as the client\'s typed errors', async () => {
     (e) => e instanceof Anthropic.BadRequestError && /tool/.test(e.message));
 });
 
-let failed = 0;
-for (const [name, body] of checks) {
-  try {
-    await body();
-    console.log(`ok    ${name}`);
-  } catch (error) {
-    failed += 1;
-    console.log(`FAIL  ${name}\n      ${error.stack ?? error}`);
-  }
-}
-console.log(`${checks.length - failed} of ${checks.length} checks passed (@anthropic-ai/sdk ${clientVersion})`);
-process.exit(failed ? 1 : 0);
+await run(`@anthropic-ai/sdk ${clientVersion}`);

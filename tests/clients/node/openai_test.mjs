@@ -6,12 +6,13 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { VERSION as clientVersion } from 'openai/version';
 
+import { checklist } from './checks.mjs';
+
 const [base, apiKey] = process.argv.slice(2);
 // No retries: a 429 or 5xx must show here, not be hidden by the client.
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
 
-const checks = [];
-const check = (name, body) => checks.push([name, body]);
+const { check, run } = checklist();
 
 let model;
 check('models.list names the served model', async () => {
@@ -137,15 +138,4 @@ check('errors arrive as the client\'s typed errors', async () => {
   await expectError(client.chat.completions.create({ model, messages, max_tokens: 0, stream: true }), OpenAI.BadRequestError, 400, 'max_tokens');
 });
 
-let failed = 0;
-for (const [name, body] of checks) {
-  try {
-    await body();
-    console.log(`ok    ${name}`);
-  } catch (error) {
-    failed += 1;
-    console.log(`FAIL  ${name}\n      ${error.stack ?? error}`);
-  }
-}
-console.log(`${checks.length - failed} of ${checks.length} checks passed (openai ${clientVersion})`);
-process.exit(failed ? 1 : 0);
+await run(`openai ${clientVersion}`);
