@@ -331,13 +331,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
     }
     for (;;) {
       StreamChannel::Batch batch = channel->wait(poll);
-      if (auto damage = job.damage()) {
-        // Tokens computed after the model's file was truncated are not sent.
-        channel->cancel();
-        record.finish = "error";
-        record.status = damage->status;
-        return fail(ctx, *damage);
-      }
+      if (auto damage = job.end_if_damaged(record)) return fail(ctx, *damage);
       if (!batch.chunks.empty()) {
         record.token_arrived();
         pb::GenerateChunk chunk;

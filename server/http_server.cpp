@@ -94,18 +94,6 @@ struct StreamState {
   std::chrono::milliseconds poll{100};
 };
 
-// The error a stream ends with once its model's file was found damaged:
-// tokens computed after the file was truncated are not sent, and the
-// generation is cancelled. Null while the model is sound.
-std::optional<ApiError> stream_damage(StreamState& state) {
-  auto damage = state.job.damage();
-  if (!damage) return std::nullopt;
-  state.channel->cancel();
-  state.record->finish = "error";
-  state.record->status = damage->status;
-  return damage;
-}
-
 // A generation that ended in a fault after the stream's headers were sent:
 // it is reported inside the stream.
 bool ended_in_fault(const StreamResult& result) {
@@ -126,7 +114,7 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
   }
   for (;;) {
     StreamChannel::Batch batch = state.channel->wait(state.poll);
-    if (auto damage = stream_damage(state)) {
+    if (auto damage = state.job.end_if_damaged(*state.record)) {
       if (!write(damage->to_json())) return false;
       static constexpr char kDone[] = "data: [DONE]\n\n";
       if (!sink.write(kDone, sizeof(kDone) - 1)) return false;
@@ -208,7 +196,7 @@ bool write_anthropic_stream(StreamState& state, httplib::DataSink& sink) {
       sink.done();
       return true;
     };
-    if (auto damage = stream_damage(state)) return fail(*damage);
+    if (auto damage = state.job.end_if_damaged(*state.record)) return fail(*damage);
     if (!batch.chunks.empty()) {
       state.record->token_arrived();
       std::string text;
@@ -513,11 +501,7 @@ void HttpServer::install() {
         std::vector<TokenLogprob> logprobs;
         for (;;) {
           StreamChannel::Batch batch = channel->wait(poll);
-          if (auto damage = job.damage()) {
-            channel->cancel();
-            record->finish = "error";
-            return send_error(res, *damage);
-          }
+          if (auto damage = job.end_if_damaged(*record)) return send_error(res, *damage);
           if (!batch.chunks.empty()) record->token_arrived();
           for (StreamChunk& chunk : batch.chunks) {
             text += chunk.text;

@@ -73,7 +73,7 @@ bool key_matches(std::string_view given, std::string_view key) {
   return difference == 0 && !key.empty();
 }
 
-std::optional<ApiError> ActiveJob::damage() const {
+std::optional<ApiError> ActiveJob::end_if_damaged(RequestRecord& record) const {
   if (!generation || !generation->is_damaged()) return std::nullopt;
   ApiError error = ApiError::unavailable(
       fmt::format("the model file {} changed under the server while this request ran (it was truncated or "
@@ -81,6 +81,9 @@ std::optional<ApiError> ActiveJob::damage() const {
                   generation->path),
       5);
   error.code = "model_damaged";
+  channel->cancel();
+  record.finish = "error";
+  record.status = error.status;
   return error;
 }
 

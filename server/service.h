@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "model/model.h"
 #include "model_generation.h"
+#include "request_log.h"
 #include "scheduler.h"
 
 namespace colibri::server {
@@ -47,8 +48,10 @@ struct ActiveJob {
   std::shared_ptr<StreamChannel> channel;
   std::int32_t prompt_tokens = 0;
   // The error every request of a generation gets once its model file was
-  // found damaged under it (SIGBUS): nothing computed from then on is sent.
-  std::optional<ApiError> damage() const;
+  // found damaged under it (SIGBUS), with the transport's hand-off done:
+  // the generation is cancelled (nothing computed from then on is sent) and
+  // `record` notes the error. Null while the model is sound.
+  std::optional<ApiError> end_if_damaged(RequestRecord& record) const;
 };
 
 class Service {
