@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include "process_metrics.h"
+
 #include "store/expert_store.h"
 
 #include <fmt/format.h>
@@ -156,6 +158,7 @@ std::string Metrics::render() const {
   request_duration.render(out);
   batch_size.render(out);
   for (const auto& render : renderers_) render(out);
+  if (const auto process = read_process_figures()) render_process_metrics(*process, out);
   std::shared_ptr<ExpertLoad> load;
   {
     std::lock_guard lock(expert_load_mutex_);

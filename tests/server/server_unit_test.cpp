@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "chat_template.h"
 #include "config.h"
@@ -17,6 +20,7 @@
 #include "model_generation.h"
 #include "model/model.h"
 #include "prometheus_check.h"
+#include "process_metrics.h"
 #include "scheduler.h"
 #include "service.h"
 #include "utf8.h"
@@ -263,6 +267,56 @@ TEST(ServerMetrics, RenderIsValidPrometheusText) {
   EXPECT_EQ(find("colibri_time_to_first_token_seconds_bucket", {{"le", "0.025"}}), 1);
   EXPECT_EQ(find("colibri_time_to_first_token_seconds_bucket", {{"le", "+Inf"}}), 2);
   EXPECT_EQ(find("colibri_queue_depth", {}), 2);
+}
+
+// A stat line as proc(5) lays it out, with a command name holding spaces and a
+// ")" so the parser must split after the last one.
+TEST(ServerMetrics, ProcessStatLineGivesCpuMemoryThreadsAndFaults) {
+  const std::string stat =
+      "4242 (colibri) (x y) S 1 4242 4242 0 -1 4194560 1000 0 7 0 250 50 0 0 20 0 9 0 1500 123456789 3000 "
+      "18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0\n";
+  const auto figures = parse_proc_stat(stat, 100.0, 4096, 1'700'000'000.0);
+  ASSERT_TRUE(figures);
+  EXPECT_DOUBLE_EQ(figures->cpu_seconds, 3.0);  // (250 + 50) ticks at 100 per second
+  EXPECT_EQ(figures->resident_bytes, 3000u * 4096u);
+  EXPECT_EQ(figures->virtual_bytes, 123456789u);
+  EXPECT_EQ(figures->threads, 9u);
+  EXPECT_EQ(figures->major_page_faults, 7u);
+  EXPECT_DOUBLE_EQ(figures->start_time_seconds, 1'700'000'015.0);
+  EXPECT_FALSE(parse_proc_stat("no parenthesis here", 100.0, 4096, 0));
+  EXPECT_FALSE(parse_proc_stat("1 (short) S 1 2 3", 100.0, 4096, 0));
+  EXPECT_FALSE(parse_proc_stat(stat, 0.0, 4096, 0));
+}
+
+// The live figures move with what the process does: a thread and a file
+// opened between two reads show in the second.
+TEST(ServerMetrics, ProcessFiguresFollowThreadsAndDescriptors) {
+  const auto before = read_process_figures();
+  ASSERT_TRUE(before);
+  EXPECT_GT(before->resident_bytes, 0u);
+  EXPECT_GT(before->open_fds, 2u);  // stdin, stdout, stderr at least
+  std::ifstream held("/proc/self/status");
+  std::atomic<bool> release{false};
+  std::thread waiting([&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const auto during = read_process_figures();
+  release = true;
+  waiting.join();
+  ASSERT_TRUE(during);
+  EXPECT_EQ(during->threads, before->threads + 1);
+  EXPECT_EQ(during->open_fds, before->open_fds + 1);
+  // Metrics::render carries them, under the client libraries' names.
+  Metrics metrics;
+  std::vector<test::PrometheusSample> samples;
+  const std::string text = metrics.render();
+  ASSERT_EQ(check_prometheus_text(text, &samples), "") << text;
+  std::map<std::string, double> values;
+  for (const auto& sample : samples) values[sample.name] = sample.value;
+  EXPECT_EQ(values.count("process_cpu_seconds_total"), 1u);  // a short test may not have used a tick yet
+  for (const char* name : {"process_resident_memory_bytes", "process_open_fds", "process_start_time_seconds",
+                           "colibri_process_threads"})
+    EXPECT_GT(values[name], 0) << name;
 }
 
 TEST(ServerMetrics, CheckerRejectsBrokenText) {
