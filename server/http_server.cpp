@@ -90,6 +90,7 @@ struct StreamState {
   std::string echo;              // echo: the prompt's text, until the first event carries it
   bool anthropic = false;        // Anthropic's event stream instead of OpenAI's chunks
   std::int32_t prompt_tokens = 0;
+  std::int32_t tokens_produced = 0;  // taken from the channel so far
   bool role_sent = false;
   std::chrono::milliseconds poll{100};
 };
@@ -134,6 +135,7 @@ bool write_stream(StreamState& state, httplib::DataSink& sink) {
         std::move(chunk.prompt_logprobs.begin(), chunk.prompt_logprobs.end(), std::back_inserter(logprobs));
         std::move(chunk.logprobs.begin(), chunk.logprobs.end(), std::back_inserter(logprobs));
       }
+      state.tokens_produced += static_cast<std::int32_t>(tokens.size());
       if (!text.empty() || (state.return_token_ids && !tokens.empty()) || !logprobs.empty()) {
         json logprobs_value = nullptr;
         if (state.logprobs && !logprobs.empty())
@@ -200,7 +202,10 @@ bool write_anthropic_stream(StreamState& state, httplib::DataSink& sink) {
     if (!batch.chunks.empty()) {
       state.record->token_arrived();
       std::string text;
-      for (const StreamChunk& chunk : batch.chunks) text += chunk.text;
+      for (const StreamChunk& chunk : batch.chunks) {
+        text += chunk.text;
+        state.tokens_produced += static_cast<std::int32_t>(chunk.tokens.size());
+      }
       if (!text.empty() && !write("content_block_delta", {{"type", "content_block_delta"},
                                                           {"index", 0},
                                                           {"delta", {{"type", "text_delta"}, {"text", text}}}}))
@@ -553,11 +558,14 @@ void HttpServer::install() {
       res.set_chunked_content_provider(
           "text/event-stream",
           [state](std::size_t, httplib::DataSink& sink) {
+            bool written = false;
             try {
-              return state->anthropic ? write_anthropic_stream(*state, sink) : write_stream(*state, sink);
+              written = state->anthropic ? write_anthropic_stream(*state, sink) : write_stream(*state, sink);
             } catch (...) {
-              return false;
             }
+            // So the request's log line says why it ended short.
+            if (!written) state->record->client_gone(state->tokens_produced);
+            return written;
           },
           [state](bool success) {
             if (!success) state->channel->cancel();

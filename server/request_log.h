@@ -39,6 +39,13 @@ struct RequestRecord {
     completion_tokens = result.completion_tokens;
     finish = finish_name(result.finish);
   }
+  // The client went away before the generation's end reached it: the
+  // generation is cancelled, and the tokens it had produced are its count.
+  void client_gone(std::int32_t tokens_produced) {
+    if (finish != "none") return;  // the end arrived first (take)
+    finish = finish_name(Finish::Cancelled);
+    completion_tokens = tokens_produced;
+  }
   void log() const {
     const auto ms = [&](Clock::time_point t) { return std::chrono::duration<double, std::milli>(t - start).count(); };
     spdlog::info("request id={} api={} endpoint={} status={} finish={} stream={} prompt_tokens={} "

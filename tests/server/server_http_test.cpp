@@ -839,6 +839,22 @@ TEST_F(HttpServerTest, DisconnectStormLeavesTheStayingClientsExactAndFreesEveryS
                                                          {"ignore_eos", true}, {"return_token_ids", true}});
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(after.json_body()["choices"][0]["token_ids"].get<std::vector<std::int32_t>>(), expected[1].tokens);
+
+  // Each vanished stream's log line says it was cancelled and counts the
+  // tokens it had produced; none is left without an end (finish=none).
+  auto count = [](const std::string& text, const std::string& needle) {
+    int n = 0;
+    for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+  };
+  std::string log;
+  for (int wait = 0; wait < 50; ++wait) {  // the log is written by its own thread
+    log = server_->log();
+    if (count(log, "finish=cancelled stream=true") >= kStreams / 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(count(log, "finish=cancelled stream=true"), kStreams / 2) << log;
+  EXPECT_EQ(count(log, "status=200 finish=none"), 0) << log;
 }
 
 TEST_F(HttpServerTest, SigtermDrainsRunningStreamsThenExits) {
