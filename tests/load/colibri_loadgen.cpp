@@ -1,19 +1,18 @@
 // colibri-loadgen: streaming load against a running colibri-server (loopback),
-// bounded in requests and seconds. Not part of the test suite.
+// bounded in requests and seconds. The scenarios of docs/SERVER.md, "Load
+// generator" (RELIABILITY.md section 2.2): a single-stream baseline, a closed
+// loop of N clients, a concurrency sweep, open-loop Poisson arrivals at given
+// rates, mixed prompt and output lengths, clients that hang up, and a check
+// that the server returns to idle (sessions, queue, descriptors) afterwards.
 //
-//   colibri-loadgen --url http://127.0.0.1:8080 --clients 16 --requests 64
-//                   --prompt-tokens 32 --max-tokens 64 --duration 600
+// Prompts are token ids and ignore_eos is set, so every request generates
+// exactly its max_tokens. Every random choice (lengths, ids, arrivals, who
+// hangs up) comes from --seed, so two runs send the same requests.
 //
-// A round runs single-stream requests one after another (the baseline), then
-// --clients concurrent streaming clients until --requests are done or
-// --duration has passed. Prompts are token ids (exactly --prompt-tokens each)
-// and ignore_eos is set, so every request generates exactly --max-tokens.
-// Reports aggregate decode tokens/s against the single stream's, time to
-// first token P50/P99 and inter-token latency P50/P99, as text and JSON.
-// With --rounds N the two phases alternate N times: on a host shared with
-// other work a baseline measured once can fall into a slow minute and make the
-// ratio meaningless, so each round's ratio (baseline and load taken minutes
-// apart at most) is reported and their median beside the pooled figures.
+// Latencies of open-loop requests count from the moment the request was due,
+// not from when a client thread got to send it: a generator that waits for a
+// free thread before starting the clock hides the queueing it causes
+// ("coordinated omission").
 #include <httplib.h>
 
 #include <CLI/CLI.hpp>
@@ -22,9 +21,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -40,43 +44,118 @@ using colibri::benchtool::percentile;
 struct Options {
   std::string url = "http://127.0.0.1:8080";
   int clients = 16;
+  std::vector<int> sweep;
+  std::vector<double> rates;
+  int max_in_flight = 256;
   int requests = 64;
   int baseline_requests = 2;
   int prompt_tokens = 32;
+  int prompt_tokens_max = 0;
   int max_tokens = 64;
+  int max_tokens_max = 0;
+  double disconnect_fraction = 0;
+  int disconnect_wait_ms = 500;
+  double slo_ttft_ms = 2000;
+  double slo_tpot_ms = 200;
   int duration_s = 600;
   int rounds = 1;
+  double sample_seconds = 0;
+  bool check_idle = false;
+  int fd_slack = 8;
+  int idle_wait_s = 10;
+  std::uint64_t seed = 1;
   std::string api_key_file;
   std::string json_out;
 };
 
+// What one request will do, drawn before the phase starts.
+struct Plan {
+  std::vector<int> prompt;
+  int max_tokens = 0;
+  // -1: reads to the end. 0: hangs up after a random wait
+  // (hangup_wait_ms) or at its first token, whichever comes first, so
+  // mostly during prefill. k > 0: hangs up after its k-th token.
+  int hangup_after_tokens = -1;
+  int hangup_wait_ms = 0;
+  double due_s = 0;  // open loop: when the request is due, from the phase start
+};
+
 struct RequestStats {
   bool ok = false;
-  std::string error;
-  double ttft_s = 0;
-  std::vector<double> gaps_s;  // between consecutive tokens
+  bool hung_up = false;  // on purpose, by its plan
+  int status = 0;        // HTTP status, 0 when none was read
+  std::string error;     // transport error or "HTTP <status>"
+  bool started_late = false;
+  int prompt_tokens = 0;
   int tokens = 0;
+  double ttft_s = 0;  // from when it was due (closed loop: sent)
+  double e2e_s = 0;   // from when it was due to its last token
+  std::vector<double> gaps_s;
   double decode_s = 0;  // first token to last token
 };
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ','))
+    if (!part.empty()) parts.push_back(part);
+  return parts;
+}
 
 class Runner {
  public:
   Runner(Options options, std::string api_key, int vocab)
       : options_(std::move(options)), api_key_(std::move(api_key)), vocab_(vocab) {}
 
-  RequestStats run_one(int seed, Clock::time_point deadline) {
-    RequestStats stats;
-    httplib::Client client(options_.url);
-    const auto remaining = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now()).count();
-    client.set_read_timeout(std::max<long>(1, static_cast<long>(remaining)), 0);
-    client.set_connection_timeout(5, 0);
-    std::vector<int> prompt;
-    std::uint32_t state = 2166136261u ^ static_cast<std::uint32_t>(seed);
-    for (int i = 0; i < options_.prompt_tokens; ++i) {
-      state = state * 1664525u + 1013904223u;
-      prompt.push_back(static_cast<int>((state >> 8) % static_cast<std::uint32_t>(std::min(vocab_, 4000))));
+  const Options& options() const { return options_; }
+
+  // Lengths drawn log-uniformly between the option's minimum and maximum
+  // (the shape of chat traffic: many short requests, a few long ones).
+  std::vector<Plan> plans(int count, std::uint64_t seed, double rate) const {
+    std::mt19937_64 random(seed);
+    auto length = [&](int low, int high) {
+      if (high <= low) return low;
+      std::uniform_real_distribution<double> u(std::log(low), std::log(high + 1.0));
+      return std::clamp(static_cast<int>(std::exp(u(random))), low, high);
+    };
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    std::exponential_distribution<double> gap(rate > 0 ? rate : 1.0);
+    const int id_range = std::min(vocab_, 4000);
+    std::vector<Plan> out(static_cast<std::size_t>(count));
+    double due = 0;
+    for (Plan& plan : out) {
+      plan.prompt.resize(static_cast<std::size_t>(length(options_.prompt_tokens, options_.prompt_tokens_max)));
+      for (int& id : plan.prompt) id = static_cast<int>(random() % static_cast<std::uint64_t>(id_range));
+      plan.max_tokens = length(options_.max_tokens, options_.max_tokens_max);
+      if (unit(random) < options_.disconnect_fraction) {
+        // Half hang up while the prompt is processed, half while it decodes.
+        if (unit(random) < 0.5 || plan.max_tokens < 2) {
+          plan.hangup_after_tokens = 0;
+          plan.hangup_wait_ms = 1 + static_cast<int>(unit(random) * options_.disconnect_wait_ms);
+        } else {
+          plan.hangup_after_tokens = 1 + static_cast<int>(random() % static_cast<std::uint64_t>(plan.max_tokens - 1));
+        }
+      }
+      if (rate > 0) {
+        due += gap(random);
+        plan.due_s = due;
+      }
     }
-    json body = {{"prompt", prompt}, {"max_tokens", options_.max_tokens}, {"stream", true},
+    return out;
+  }
+
+  RequestStats run(const Plan& plan, Clock::time_point due, Clock::time_point deadline) const {
+    RequestStats stats;
+    stats.prompt_tokens = static_cast<int>(plan.prompt.size());
+    httplib::Client client(options_.url);
+    client.set_connection_timeout(5, 0);
+    const auto remaining = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now()).count();
+    if (plan.hangup_after_tokens == 0)
+      client.set_read_timeout(0, static_cast<time_t>(plan.hangup_wait_ms) * 1000);
+    else
+      client.set_read_timeout(std::max<long>(1, static_cast<long>(remaining)), 0);
+    json body = {{"prompt", plan.prompt}, {"max_tokens", plan.max_tokens}, {"stream", true},
                  {"ignore_eos", true}, {"return_token_ids", true}, {"temperature", 0}};
     httplib::Request request;
     request.method = "POST";
@@ -84,9 +163,9 @@ class Runner {
     request.body = body.dump();
     request.set_header("Content-Type", "application/json");
     if (!api_key_.empty()) request.set_header("Authorization", "Bearer " + api_key_);
-    const auto start = Clock::now();
     Clock::time_point first, last;
     std::string buffer;
+    bool hang_up = false;
     request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t, std::uint64_t) {
       buffer.append(data, size);
       std::size_t end;
@@ -101,7 +180,7 @@ class Runner {
         const auto now = Clock::now();
         if (stats.tokens == 0) {
           first = now;
-          stats.ttft_s = std::chrono::duration<double>(now - start).count();
+          stats.ttft_s = std::chrono::duration<double>(now - due).count();
         } else {
           // Tokens that arrive together share the gap since the last event.
           const double gap = std::chrono::duration<double>(now - last).count() / n;
@@ -109,25 +188,91 @@ class Runner {
         }
         last = now;
         stats.tokens += n;
+        if (plan.hangup_after_tokens >= 0 && stats.tokens >= std::max(1, plan.hangup_after_tokens)) hang_up = true;
       }
-      return Clock::now() < deadline;
+      return !hang_up && Clock::now() < deadline;
     };
     httplib::Response response;
     httplib::Error error = httplib::Error::Success;
-    if (!client.send(request, response, error)) {
+    const bool sent = client.send(request, response, error);
+    if (plan.hangup_after_tokens >= 0 && (hang_up || error == httplib::Error::Read)) {
+      stats.hung_up = true;  // a read timeout is how the prefill-phase hang-up happens
+      return stats;
+    }
+    if (!sent) {
       stats.error = httplib::to_string(error);
       return stats;
     }
+    stats.status = response.status;
     if (response.status != 200) {
       stats.error = "HTTP " + std::to_string(response.status);
       return stats;
     }
     stats.ok = stats.tokens > 0;
+    if (!stats.ok) stats.error = "no tokens";
+    stats.e2e_s = std::chrono::duration<double>(last - due).count();
     if (stats.tokens > 1) stats.decode_s = std::chrono::duration<double>(last - first).count();
     return stats;
   }
 
-  const Options& options() const { return options_; }
+  // `concurrency` clients, each sending its next request when the last ends.
+  std::vector<RequestStats> closed_loop(const std::vector<Plan>& plans, int concurrency,
+                                        Clock::time_point deadline) const {
+    std::vector<RequestStats> results(plans.size());
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> out_of_time{false};
+    std::vector<std::thread> clients;
+    for (int c = 0; c < concurrency; ++c) {
+      clients.emplace_back([&] {
+        for (;;) {
+          const std::size_t i = next.fetch_add(1);
+          if (i >= plans.size()) return;
+          if (Clock::now() >= deadline) {
+            out_of_time = true;
+            return;
+          }
+          results[i] = run(plans[i], Clock::now(), deadline);
+        }
+      });
+    }
+    for (auto& thread : clients) thread.join();
+    if (out_of_time) results.resize(std::min(results.size(), next.load()));
+    std::erase_if(results, [](const RequestStats& s) { return !s.ok && !s.hung_up && s.error.empty(); });
+    return results;
+  }
+
+  // Requests sent at their due times whatever the server's pace, by a pool
+  // of max_in_flight threads. A request whose due time passes while every
+  // thread is busy starts late and is counted so; its latencies still count
+  // from its due time.
+  std::vector<RequestStats> open_loop(const std::vector<Plan>& plans, Clock::time_point deadline) const {
+    std::vector<RequestStats> results(plans.size());
+    std::vector<char> ran(plans.size(), 0);
+    std::atomic<std::size_t> next{0};
+    const auto start = Clock::now();
+    const int threads = std::min<int>(options_.max_in_flight, static_cast<int>(plans.size()));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (;;) {
+          const std::size_t i = next.fetch_add(1);
+          if (i >= plans.size()) return;
+          const auto due = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(plans[i].due_s));
+          if (due >= deadline) return;
+          std::this_thread::sleep_until(due);
+          const bool late = Clock::now() - due > std::chrono::milliseconds(10);
+          results[i] = run(plans[i], due, deadline);
+          results[i].started_late = late;
+          ran[i] = 1;
+        }
+      });
+    }
+    for (auto& thread : pool) thread.join();
+    std::vector<RequestStats> done;
+    for (std::size_t i = 0; i < plans.size(); ++i)
+      if (ran[i]) done.push_back(std::move(results[i]));
+    return done;
+  }
 
  private:
   Options options_;
@@ -135,51 +280,312 @@ class Runner {
   int vocab_;
 };
 
-json summarize(const std::vector<RequestStats>& all, double wall_s) {
-  std::vector<double> ttft, gaps;
-  long tokens = 0;
-  int ok = 0, failed = 0;
+// The unlabelled samples of a /metrics page (gauges and counters without
+// labels are all this tool reads).
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  std::map<std::string, double> values;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#' || line.find('{') != std::string::npos) continue;
+    const std::size_t space = line.find(' ');
+    if (space == std::string::npos) continue;
+    char* end = nullptr;
+    const double value = std::strtod(line.c_str() + space + 1, &end);
+    if (end != line.c_str() + space + 1) values[line.substr(0, space)] = value;
+  }
+  return values;
+}
+
+class MetricsReader {
+ public:
+  MetricsReader(const std::string& url, const std::string& api_key) : client_(url) {
+    client_.set_connection_timeout(2, 0);
+    client_.set_read_timeout(5, 0);
+    if (!api_key.empty()) headers_.emplace("Authorization", "Bearer " + api_key);
+  }
+  std::map<std::string, double> read() {
+    auto response = client_.Get("/metrics", headers_);
+    if (!response || response->status != 200) return {};
+    return parse_metrics(response->body);
+  }
+
+ private:
+  httplib::Client client_;
+  httplib::Headers headers_;
+};
+
+double get(const std::map<std::string, double>& values, const std::string& name) {
+  const auto it = values.find(name);
+  return it == values.end() ? NAN : it->second;
+}
+
+json server_gauges(const std::map<std::string, double>& values) {
+  json out = json::object();
+  for (const char* name : {"colibri_active_sessions", "colibri_queue_depth", "process_resident_memory_bytes",
+                           "process_open_fds", "colibri_process_threads", "colibri_process_locked_memory_bytes"}) {
+    const double value = get(values, name);
+    if (!std::isnan(value)) out[name] = value;
+  }
+  return out;
+}
+
+json summarize(const std::vector<RequestStats>& all, double wall_s, const Options& options) {
+  std::vector<double> ttft, gaps, tpot, e2e;
+  long tokens = 0, prompt_tokens = 0;
+  int ok = 0, failed = 0, hung_up = 0, hung_up_early = 0, late = 0, good = 0;
+  std::map<std::string, int> errors;
   for (const RequestStats& s : all) {
+    if (s.started_late) ++late;
+    if (s.hung_up) {
+      ++hung_up;
+      if (s.tokens == 0) ++hung_up_early;
+      continue;
+    }
     if (!s.ok) {
       ++failed;
+      ++errors[s.error];
       continue;
     }
     ++ok;
     ttft.push_back(s.ttft_s);
+    e2e.push_back(s.e2e_s);
     gaps.insert(gaps.end(), s.gaps_s.begin(), s.gaps_s.end());
+    double request_tpot = 0;
+    if (s.tokens > 1) {
+      request_tpot = (s.e2e_s - s.ttft_s) / (s.tokens - 1);
+      tpot.push_back(request_tpot);
+    }
+    if (s.ttft_s * 1000 <= options.slo_ttft_ms && request_tpot * 1000 <= options.slo_tpot_ms) ++good;
     tokens += s.tokens;
+    prompt_tokens += s.prompt_tokens;
   }
-  return {{"requests_ok", ok},
-          {"requests_failed", failed},
-          {"generated_tokens", tokens},
-          {"wall_s", wall_s},
-          {"tokens_per_s", wall_s > 0 ? static_cast<double>(tokens) / wall_s : 0.0},
-          {"ttft_p50_s", percentile(ttft, 50)},
-          {"ttft_p99_s", percentile(ttft, 99)},
-          {"itl_p50_s", percentile(gaps, 50)},
-          {"itl_p99_s", percentile(gaps, 99)}};
+  auto rate = [&](double n) { return wall_s > 0 ? n / wall_s : 0.0; };
+  auto max_of = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+  json summary = {{"requests_ok", ok},
+                  {"requests_failed", failed},
+                  {"requests_hung_up", hung_up},
+                  {"requests_hung_up_before_first_token", hung_up_early},
+                  {"generated_tokens", tokens},
+                  {"prompt_tokens", prompt_tokens},
+                  {"wall_s", wall_s},
+                  {"requests_per_s", rate(ok)},
+                  {"tokens_per_s", rate(static_cast<double>(tokens))},
+                  {"total_tokens_per_s", rate(static_cast<double>(tokens + prompt_tokens))},
+                  {"goodput_requests_per_s", rate(good)},
+                  {"goodput_fraction", ok > 0 ? static_cast<double>(good) / ok : 0.0},
+                  {"ttft_p50_s", percentile(ttft, 50)},
+                  {"ttft_p90_s", percentile(ttft, 90)},
+                  {"ttft_p99_s", percentile(ttft, 99)},
+                  {"ttft_max_s", max_of(ttft)},
+                  {"itl_p50_s", percentile(gaps, 50)},
+                  {"itl_p99_s", percentile(gaps, 99)},
+                  {"itl_max_s", max_of(gaps)},
+                  {"tpot_p50_s", percentile(tpot, 50)},
+                  {"tpot_p99_s", percentile(tpot, 99)},
+                  {"e2e_p50_s", percentile(e2e, 50)},
+                  {"e2e_p99_s", percentile(e2e, 99)}};
+  if (late > 0) summary["requests_started_late"] = late;
+  if (!errors.empty()) summary["errors"] = errors;
+  return summary;
 }
+
+// Server-side figures over a phase: CPU cores it kept busy, tokens it counted.
+void add_server_delta(json& summary, const std::map<std::string, double>& before,
+                      const std::map<std::string, double>& after, double wall_s) {
+  const double cpu = get(after, "process_cpu_seconds_total") - get(before, "process_cpu_seconds_total");
+  if (!std::isnan(cpu) && wall_s > 0) summary["server_cpu_cores_busy"] = cpu / wall_s;
+  const double generated = get(after, "colibri_generated_tokens_total") - get(before, "colibri_generated_tokens_total");
+  if (!std::isnan(generated)) summary["server_generated_tokens"] = generated;
+}
+
+// Periodic /metrics samples, for a soak: RSS, descriptors, threads and
+// sessions over time.
+class Sampler {
+ public:
+  Sampler(const std::string& url, const std::string& api_key, double every_s)
+      : reader_(url, api_key), every_s_(every_s) {
+    if (every_s_ > 0) thread_ = std::thread([this] { loop(); });
+  }
+  ~Sampler() { stop(); }
+  json stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return samples_;
+  }
+
+ private:
+  void loop() {
+    const auto start = Clock::now();
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      lock.unlock();
+      json sample = server_gauges(reader_.read());
+      sample["t_s"] = std::chrono::duration<double>(Clock::now() - start).count();
+      lock.lock();
+      samples_.push_back(std::move(sample));
+      wake_.wait_for(lock, std::chrono::duration<double>(every_s_), [this] { return stopping_; });
+    }
+  }
+
+  MetricsReader reader_;
+  double every_s_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  json samples_ = json::array();
+  std::thread thread_;
+};
+
+// Waits up to `patience` for the server to be idle again: no session, nothing
+// queued, open descriptors back within `fd_slack` of `start`. Returns what it
+// saw and the problems left.
+json settle(MetricsReader& reader, const std::map<std::string, double>& start, int fd_slack,
+            std::chrono::seconds patience) {
+  const auto begin = Clock::now();
+  std::map<std::string, double> now;
+  std::vector<std::string> problems;
+  for (;;) {
+    now = reader.read();
+    problems.clear();
+    if (now.empty()) {
+      problems.push_back("/metrics could not be read");
+    } else {
+      if (get(now, "colibri_active_sessions") != 0)
+        problems.push_back("colibri_active_sessions is " + json(get(now, "colibri_active_sessions")).dump());
+      if (get(now, "colibri_queue_depth") != 0)
+        problems.push_back("colibri_queue_depth is " + json(get(now, "colibri_queue_depth")).dump());
+      const double fds_before = get(start, "process_open_fds"), fds_after = get(now, "process_open_fds");
+      if (!std::isnan(fds_before) && !std::isnan(fds_after) && fds_after > fds_before + fd_slack)
+        problems.push_back("process_open_fds went from " + json(fds_before).dump() + " to " + json(fds_after).dump());
+    }
+    if (problems.empty() || Clock::now() - begin > patience) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return {{"after", server_gauges(now)},
+          {"settled_in_s", std::chrono::duration<double>(Clock::now() - begin).count()},
+          {"idle", problems.empty()},
+          {"problems", problems}};
+}
+
+struct Point {
+  std::string label;  // "clients 16", "rate 2.5/s"
+  int concurrency = 0;
+  double rate = 0;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{"colibri-loadgen: concurrent streaming clients against a colibri-server"};
+  std::string sweep_text, rates_text;
+  CLI::App app{
+      "colibri-loadgen: streaming clients against a colibri-server, bounded in requests and seconds.\n"
+      "Each round runs --baseline-requests single-stream requests, then the load: --clients closed-loop\n"
+      "clients (default), one point per concurrency of --sweep, or open-loop Poisson arrivals at each\n"
+      "rate of --rates. Prints a JSON report (latencies, throughput, goodput, errors by kind, the\n"
+      "server's CPU use and whether it went back to idle); exits 1 when a request failed (a 429 is\n"
+      "counted under errors and fails too) or --check-idle found the server busy afterwards."};
   app.add_option("--url", options.url, "Server URL")->capture_default_str();
-  app.add_option("--clients", options.clients, "Concurrent streaming clients")->capture_default_str()->check(CLI::Range(1, 1024));
-  app.add_option("--requests", options.requests, "Requests in the concurrent phase")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--baseline-requests", options.baseline_requests, "Single-stream requests (0 = skip)")->capture_default_str()->check(CLI::Range(0, 1000));
-  app.add_option("--prompt-tokens", options.prompt_tokens, "Prompt length in tokens")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--max-tokens", options.max_tokens, "Tokens generated per request")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--duration", options.duration_s, "Upper bound on the whole run, seconds")->capture_default_str()->check(CLI::Range(1, 86400));
+  app.add_option("--clients", options.clients, "Concurrent streaming clients (closed loop)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--sweep", sweep_text,
+                 "Closed-loop concurrency sweep instead of --clients, e.g. 1,2,4,8,16,32: where time to first "
+                 "token starts to climb because requests queue");
+  app.add_option("--rates", rates_text,
+                 "Open loop instead: Poisson arrivals at each of these request rates per second, e.g. "
+                 "0.5,1,2 (queueing a closed loop hides)");
+  app.add_option("--max-in-flight", options.max_in_flight, "Open loop: client threads, the most requests in flight")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--requests", options.requests, "Requests per load point")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--baseline-requests", options.baseline_requests, "Single-stream requests per round (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--prompt-tokens", options.prompt_tokens, "Prompt length in tokens (the minimum with --prompt-tokens-max)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--prompt-tokens-max", options.prompt_tokens_max,
+                 "Mixed lengths: each prompt's length drawn log-uniformly up to this")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--max-tokens", options.max_tokens, "Tokens generated per request (the minimum with --max-tokens-max)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--max-tokens-max", options.max_tokens_max,
+                 "Mixed lengths: each request's output length drawn log-uniformly up to this")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--disconnect-fraction", options.disconnect_fraction,
+                 "Share of load requests whose client hangs up: half while the prompt is processed (after a "
+                 "random wait up to --disconnect-wait-ms), half after a random number of tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--disconnect-wait-ms", options.disconnect_wait_ms, "Longest wait of a prefill-phase hang-up")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+  app.add_option("--slo-ttft-ms", options.slo_ttft_ms, "Goodput: a request is good when its time to first token ...")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--slo-tpot-ms", options.slo_tpot_ms, "... and its time per output token are within these")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--duration", options.duration_s, "Upper bound on the whole run, seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
   app.add_option("--rounds", options.rounds,
-                 "Baseline and concurrent phases alternate this many times; each round's ratio is reported and "
-                 "their median")
+                 "Baseline and load alternate this many times; each round's ratio to its own baseline is reported "
+                 "and their median (a baseline measured once can fall into a slow minute of a shared host)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
+  app.add_option("--sample-seconds", options.sample_seconds,
+                 "Read the server's /metrics this often during the run (RSS, descriptors, threads, sessions): "
+                 "a soak's time series. 0 = only before and after")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_flag("--check-idle", options.check_idle,
+               "Exit 1 unless, within --idle-wait seconds of the load, the server has no session, nothing queued and its open "
+               "descriptors within --fd-slack of the start");
+  app.add_option("--idle-wait", options.idle_wait_s, "Seconds to wait for the server to be idle after the load")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600));
+  app.add_option("--fd-slack", options.fd_slack, "Descriptors the server may hold beyond its count at the start")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--seed", options.seed, "Seed of every random choice")->capture_default_str();
   app.add_option("--api-key-file", options.api_key_file, "File with the server's API key");
-  app.add_option("--json-out", options.json_out, "Also write the summary as JSON to this file");
+  app.add_option("--json-out", options.json_out, "Also write the report to this file");
   CLI11_PARSE(app, argc, argv);
+  if (!sweep_text.empty() && !rates_text.empty()) {
+    std::fprintf(stderr, "colibri-loadgen: --sweep and --rates are two kinds of load; give one\n");
+    return 2;
+  }
+  std::vector<Point> points;
+  try {
+    for (const std::string& part : split_commas(sweep_text)) {
+      const int c = std::stoi(part);
+      if (c < 1 || c > 1024) throw std::out_of_range(part);
+      points.push_back({"clients " + std::to_string(c), c, 0});
+    }
+    for (const std::string& part : split_commas(rates_text)) {
+      const double r = std::stod(part);
+      if (!(r > 0) || r > 10000) throw std::out_of_range(part);
+      std::ostringstream label;
+      label << "rate " << r << "/s";
+      points.push_back({label.str(), 0, r});
+    }
+  } catch (const std::exception&) {
+    std::fprintf(stderr,
+                 "colibri-loadgen: --sweep takes concurrencies 1-1024 and --rates request rates in (0, 10000], "
+                 "separated by commas\n");
+    return 2;
+  }
+  if (points.empty()) points.push_back({"clients " + std::to_string(options.clients), options.clients, 0});
 
   std::string api_key;
   if (!options.api_key_file.empty()) {
@@ -197,81 +603,129 @@ int main(int argc, char** argv) {
   const int vocab = json::parse(models->body)["data"][0].value("vocab", 512);
   const auto deadline = Clock::now() + std::chrono::seconds(options.duration_s);
   Runner runner(options, api_key, vocab);
+  MetricsReader metrics(options.url, api_key);
+  const auto server_start = metrics.read();
+  Sampler sampler(options.url, api_key, options.sample_seconds);
 
-  // Per round: the baseline's and the load's requests and wall times.
-  std::vector<RequestStats> single_all, concurrent_all;
-  double single_wall = 0, concurrent_wall = 0, decode_s = 0;
+  // Pooled over rounds: the baseline, and each point's requests and wall time.
+  std::vector<RequestStats> single_all;
+  double single_wall = 0, decode_s = 0;
   long decode_tokens = 0;
+  std::vector<std::vector<RequestStats>> point_all(points.size());
+  std::vector<double> point_wall(points.size(), 0.0);
+  std::vector<std::vector<double>> point_ratios(points.size());
   json rounds = json::array();
   for (int round = 0; round < options.rounds && Clock::now() < deadline; ++round) {
-    const int seed_base = round * 100000;
-    std::vector<RequestStats> single;
-    auto start = Clock::now();
-    for (int i = 0; i < options.baseline_requests && Clock::now() < deadline; ++i) {
-      single.push_back(runner.run_one(seed_base + 1000 + i, deadline));
-      if (single.back().ok) {
-        decode_s += single.back().decode_s;
-        decode_tokens += single.back().tokens - 1;
-      }
-    }
-    const double single_s = std::chrono::duration<double>(Clock::now() - start).count();
-
-    std::vector<RequestStats> results;
-    std::mutex mutex;
-    std::atomic<int> next{0};
-    start = Clock::now();
-    std::vector<std::thread> clients;
-    for (int c = 0; c < options.clients; ++c) {
-      clients.emplace_back([&] {
-        for (;;) {
-          const int i = next.fetch_add(1);
-          if (i >= options.requests || Clock::now() >= deadline) return;
-          RequestStats stats = runner.run_one(seed_base + i, deadline);
-          std::lock_guard lock(mutex);
-          results.push_back(std::move(stats));
+    const std::uint64_t round_seed = options.seed * 1000003u + static_cast<std::uint64_t>(round) * 7919u;
+    json entry = json::object();
+    double base = 0;
+    if (options.baseline_requests > 0) {
+      const auto single_plans = runner.plans(options.baseline_requests, round_seed, 0);
+      std::vector<Plan> plain = single_plans;
+      for (Plan& plan : plain) plan.hangup_after_tokens = -1;  // the baseline never hangs up
+      const auto start = Clock::now();
+      auto single = runner.closed_loop(plain, 1, deadline);
+      const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+      for (const RequestStats& s : single)
+        if (s.ok) {
+          decode_s += s.decode_s;
+          decode_tokens += s.tokens - 1;
         }
-      });
+      entry["single_stream"] = summarize(single, wall, options);
+      base = entry["single_stream"]["tokens_per_s"].get<double>();
+      single_all.insert(single_all.end(), single.begin(), single.end());
+      single_wall += wall;
     }
-    for (auto& thread : clients) thread.join();
-    const double concurrent_s = std::chrono::duration<double>(Clock::now() - start).count();
-
-    json entry = {{"concurrent", summarize(results, concurrent_s)}};
-    if (!single.empty()) {
-      entry["single_stream"] = summarize(single, single_s);
-      const double base = entry["single_stream"]["tokens_per_s"].get<double>();
-      entry["speedup_vs_single_stream"] = base > 0 ? entry["concurrent"]["tokens_per_s"].get<double>() / base : 0.0;
+    json round_points = json::array();
+    for (std::size_t p = 0; p < points.size() && Clock::now() < deadline; ++p) {
+      const Point& point = points[p];
+      const int count = point.concurrency > 0 ? std::max(options.requests, point.concurrency) : options.requests;
+      const auto plans = runner.plans(count, round_seed + 17 * (p + 1), point.rate);
+      const auto before = metrics.read();
+      const auto start = Clock::now();
+      auto results = point.concurrency > 0 ? runner.closed_loop(plans, point.concurrency, deadline)
+                                           : runner.open_loop(plans, deadline);
+      const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+      json summary = summarize(results, wall, options);
+      add_server_delta(summary, before, metrics.read(), wall);
+      json item = {{"point", point.label}, {"load", summary}};
+      if (point.concurrency > 0) item["clients"] = point.concurrency;
+      if (point.rate > 0) item["rate_per_s"] = point.rate;
+      if (base > 0) {
+        item["speedup_vs_single_stream"] = summary["tokens_per_s"].get<double>() / base;
+        point_ratios[p].push_back(item["speedup_vs_single_stream"].get<double>());
+      }
+      std::fprintf(stderr,
+                   "round %d %-14s ok %d failed %d hung up %d  %.1f tok/s  TTFT P50 %.3f P99 %.3f s  ITL P50 %.3f "
+                   "P99 %.3f s  goodput %.0f %%\n",
+                   round + 1, point.label.c_str(), summary["requests_ok"].get<int>(),
+                   summary["requests_failed"].get<int>(), summary["requests_hung_up"].get<int>(),
+                   summary["tokens_per_s"].get<double>(), summary["ttft_p50_s"].get<double>(),
+                   summary["ttft_p99_s"].get<double>(), summary["itl_p50_s"].get<double>(),
+                   summary["itl_p99_s"].get<double>(), 100 * summary["goodput_fraction"].get<double>());
+      round_points.push_back(std::move(item));
+      point_all[p].insert(point_all[p].end(), results.begin(), results.end());
+      point_wall[p] += wall;
     }
-    rounds.push_back(entry);
-    single_all.insert(single_all.end(), single.begin(), single.end());
-    concurrent_all.insert(concurrent_all.end(), results.begin(), results.end());
-    single_wall += single_s;
-    concurrent_wall += concurrent_s;
+    entry["points"] = std::move(round_points);
+    rounds.push_back(std::move(entry));
   }
 
   json report;
-  report["concurrent"] = summarize(concurrent_all, concurrent_wall);
-  report["concurrent"]["clients"] = options.clients;
+  report["options"] = {{"prompt_tokens", options.prompt_tokens},
+                       {"prompt_tokens_max", std::max(options.prompt_tokens, options.prompt_tokens_max)},
+                       {"max_tokens", options.max_tokens},
+                       {"max_tokens_max", std::max(options.max_tokens, options.max_tokens_max)},
+                       {"disconnect_fraction", options.disconnect_fraction},
+                       {"slo_ttft_ms", options.slo_ttft_ms},
+                       {"slo_tpot_ms", options.slo_tpot_ms},
+                       {"seed", options.seed}};
+  double single = 0;
   if (!single_all.empty()) {
-    report["single_stream"] = summarize(single_all, single_wall);
+    report["single_stream"] = summarize(single_all, single_wall, options);
+    // With one token per event on a real model this is the pure decode rate;
+    // tokens_per_s beside it counts the prompt's processing too, as the load's does.
     report["single_stream"]["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
-    // Same definition on both sides: generated tokens over wall time, prompt
-    // processing included (with one token per event on a real model, the
-    // single stream's decode_tokens_per_s is the pure decode rate).
-    const double single = report["single_stream"]["tokens_per_s"].get<double>();
-    const double aggregate = report["concurrent"]["tokens_per_s"].get<double>();
-    report["speedup_vs_single_stream"] = single > 0 ? aggregate / single : 0.0;
-    std::vector<double> ratios;
-    for (const json& round : rounds) ratios.push_back(round.value("speedup_vs_single_stream", 0.0));
-    report["speedup_median_of_rounds"] = median(ratios);
+    single = report["single_stream"]["tokens_per_s"].get<double>();
   }
-  report["rounds"] = rounds;
-  for (const RequestStats& s : concurrent_all)
-    if (!s.ok && !s.error.empty()) {
-      report["first_error"] = s.error;
-      break;
+  json pooled_points = json::array();
+  int failed = report.contains("single_stream") ? report["single_stream"]["requests_failed"].get<int>() : 0;
+  std::string first_error;
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    json item = {{"point", points[p].label}, {"load", summarize(point_all[p], point_wall[p], options)}};
+    if (points[p].concurrency > 0) item["clients"] = points[p].concurrency;
+    if (points[p].rate > 0) item["rate_per_s"] = points[p].rate;
+    if (single > 0) {
+      item["speedup_vs_single_stream"] = item["load"]["tokens_per_s"].get<double>() / single;
+      item["speedup_median_of_rounds"] = median(point_ratios[p]);
     }
+    failed += item["load"]["requests_failed"].get<int>();
+    for (const RequestStats& s : point_all[p])
+      if (first_error.empty() && !s.ok && !s.hung_up) first_error = s.error;
+    pooled_points.push_back(std::move(item));
+  }
+  // One point (the default --clients load) keeps the report's earlier keys.
+  if (pooled_points.size() == 1) {
+    report["concurrent"] = pooled_points[0]["load"];
+    report["concurrent"]["clients"] = options.clients;
+    for (const char* key : {"speedup_vs_single_stream", "speedup_median_of_rounds"})
+      if (pooled_points[0].contains(key)) report[key] = pooled_points[0][key];
+  }
+  report["points"] = std::move(pooled_points);
+  report["rounds"] = std::move(rounds);
+  if (!first_error.empty()) report["first_error"] = first_error;
+
+  json server = {{"before", server_gauges(server_start)}};
+  server.update(settle(metrics, server_start, options.fd_slack, std::chrono::seconds(options.idle_wait_s)));
+  report["server"] = std::move(server);
+  json samples = sampler.stop();
+  if (!samples.empty()) report["samples"] = std::move(samples);
 
   std::printf("%s\n", report.dump(2).c_str());
   if (!options.json_out.empty()) std::ofstream(options.json_out) << report.dump(2) << '\n';
-  return report["concurrent"]["requests_failed"].get<int>() == 0 ? 0 : 1;
+  const bool idle = report["server"]["idle"].get<bool>();
+  if (options.check_idle && !idle)
+    std::fprintf(stderr, "colibri-loadgen: the server did not return to idle: %s\n",
+                 report["server"]["problems"].dump().c_str());
+  return failed == 0 && (!options.check_idle || idle) ? 0 : 1;
 }

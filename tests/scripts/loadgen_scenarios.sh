@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# colibri-loadgen's scenarios (docs/SERVER.md, "Load generator") against
+# colibri-server on the qwen3moe-tiny fixture, each a few seconds:
+#   1. a closed-loop concurrency sweep with mixed prompt and output lengths,
+#      more clients than sessions (requests queue);
+#   2. open-loop Poisson arrivals where 60 % of the clients hang up, some while
+#      their 900-token prompt is processed, some mid-stream;
+# after each, --check-idle: no session, nothing queued, descriptors back.
+# Then the check itself must fail against a stub server whose /metrics still
+# shows a busy session, or it could pass without looking.
+set -euo pipefail
+build_dir=$(cd "$1" && pwd)
+data_dir=$2
+server=$build_dir/server/colibri-server
+loadgen=$build_dir/server/colibri-loadgen
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2> /dev/null && { wait "$pid" 2> /dev/null || true; }; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL loadgen_scenarios: $*" >&2
+  [[ -f $work/server.log ]] && tail -20 "$work/server.log" >&2
+  exit 1
+}
+
+"$server" --model "$data_dir/fixtures/qwen3moe-tiny" --port 0 --grpc-port -1 --max-sessions 2 \
+  --context-length 1024 --watch-model off > "$work/server.out" 2> "$work/server.log" &
+pids+=($!)
+port=
+for _ in $(seq 100); do
+  port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$work/server.out")
+  [[ -n $port ]] && break
+  sleep 0.1
+done
+[[ -n $port ]] || fail "the server did not start"
+url=http://127.0.0.1:$port
+
+# 1. Sweep: 1 and 4 clients on 2 sessions, lengths 4-300 in and 2-40 out.
+"$loadgen" --url "$url" --sweep 1,4 --requests 12 --baseline-requests 1 --prompt-tokens 4 \
+  --prompt-tokens-max 300 --max-tokens 2 --max-tokens-max 40 --duration 120 --check-idle \
+  > "$work/sweep.json" 2> "$work/sweep.err" || fail "sweep: $(cat "$work/sweep.err")"
+python3 - "$work/sweep.json" << 'EOF' || fail "sweep report"
+import json, sys
+d = json.load(open(sys.argv[1]))
+points = d["points"]
+assert [p["point"] for p in points] == ["clients 1", "clients 4"], points
+for p in points:
+    load = p["load"]
+    assert load["requests_ok"] == 12 and load["requests_failed"] == 0, load
+    # Mixed lengths: 12 prompts of 4-300 tokens are not all the minimum.
+    assert 12 * 4 < load["prompt_tokens"] <= 12 * 300, load
+    assert 12 * 2 <= load["generated_tokens"] <= 12 * 40 and load["generated_tokens"] > 24, load
+    assert 0 < load["ttft_p50_s"] <= load["ttft_p90_s"] <= load["ttft_p99_s"] <= load["ttft_max_s"], load
+    assert load["e2e_p50_s"] >= load["ttft_p50_s"], load
+    assert 0 <= load["goodput_fraction"] <= 1, load
+# The server's side of each point, read from its /metrics before and after.
+for p in d["rounds"][0]["points"]:
+    load = p["load"]
+    assert load["server_cpu_cores_busy"] > 0, load
+    assert load["server_generated_tokens"] == load["generated_tokens"], load
+assert d["server"]["idle"] is True, d["server"]
+assert d["server"]["before"]["process_open_fds"] > 0, d["server"]
+EOF
+
+# 2. Open loop at 25 requests/s, 60 % hanging up.
+"$loadgen" --url "$url" --rates 25 --requests 40 --baseline-requests 0 --prompt-tokens 900 \
+  --max-tokens 24 --disconnect-fraction 0.6 --disconnect-wait-ms 15 --sample-seconds 0.5 \
+  --duration 120 --check-idle > "$work/open.json" 2> "$work/open.err" || fail "open loop: $(cat "$work/open.err")"
+python3 - "$work/open.json" << 'EOF' || fail "open-loop report"
+import json, sys
+d = json.load(open(sys.argv[1]))
+load = d["points"][0]["load"]
+assert d["points"][0]["rate_per_s"] == 25, d["points"][0]
+assert load["requests_ok"] + load["requests_hung_up"] == 40, load
+assert load["requests_failed"] == 0, load
+assert 10 <= load["requests_hung_up"] <= 35, load  # 60 % of 40, give or take the draw
+# Waits of 1-15 ms against a prefill of about 10-20 ms here: some leave before any token.
+assert load["requests_hung_up_before_first_token"] >= 1, load
+assert load["requests_ok"] > 0 and load["generated_tokens"] == 24 * load["requests_ok"], load
+assert d["server"]["idle"] is True, d["server"]
+assert len(d["samples"]) >= 2 and "process_resident_memory_bytes" in d["samples"][0], d.get("samples")
+EOF
+grep -q "finish=cancelled stream=true" "$work/server.log" || fail "no hung-up request was logged as cancelled"
+
+# 3. --check-idle against a server that stays busy: it must say so and exit 1.
+python3 - "$work/stub.port" << 'EOF' > "$work/stub.log" 2>&1 &
+import http.server, json, sys
+class Stub(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args): pass
+    def send(self, body, kind="application/json"):
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self.send(json.dumps({"data": [{"id": "stub", "vocab": 100}]}))
+        else:
+            self.send("# TYPE colibri_active_sessions gauge\ncolibri_active_sessions 1\n"
+                      "# TYPE colibri_queue_depth gauge\ncolibri_queue_depth 0\n", "text/plain")
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        chunk = json.dumps({"choices": [{"text": "x", "token_ids": [7]}]})
+        self.send("data: " + chunk + "\n\ndata: [DONE]\n\n", "text/event-stream")
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+open(sys.argv[1], "w").write(str(server.server_address[1]))
+server.serve_forever()
+EOF
+pids+=($!)
+for _ in $(seq 50); do [[ -s $work/stub.port ]] && break; sleep 0.1; done
+[[ -s $work/stub.port ]] || fail "the stub server did not start: $(cat "$work/stub.log")"
+if "$loadgen" --url "http://127.0.0.1:$(cat "$work/stub.port")" --clients 1 --requests 1 --baseline-requests 0 \
+  --max-tokens 1 --duration 30 --check-idle --idle-wait 1 > "$work/stub.json" 2> "$work/stub.err"; then
+  fail "--check-idle passed while /metrics showed an active session"
+fi
+grep -q "colibri_active_sessions is 1" "$work/stub.err" || fail "--check-idle did not name the busy session: $(cat "$work/stub.err")"
+echo "loadgen_scenarios: ok"
