@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "config.h"
@@ -16,6 +17,7 @@
 #include "logging.h"
 #include "metrics.h"
 #include "model_host.h"
+#include "process_metrics.h"
 #include "sd_notify.h"
 #include "service.h"
 #include "sigbus_guard.h"
@@ -32,6 +34,14 @@ bool is_loopback(const std::string& host) {
 // "host:port", bracketing IPv6 addresses.
 std::string host_port(const std::string& host, int port) {
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+// What moves while the model loads: CPU time (reading, checksumming,
+// repacking) and resident memory (the copy filling). Both still: stalled.
+std::uint64_t load_progress() {
+  const auto figures = read_process_figures();
+  if (!figures) return 0;
+  return static_cast<std::uint64_t>(figures->cpu_seconds * 100.0) * 1000003u + figures->resident_bytes;
 }
 
 // Printed (not only logged) so scripts and tests can read the bound ports.
@@ -75,7 +85,15 @@ int main(int argc, char** argv) {
   // SIGBUS from a truncated model file is caught, not fatal (sigbus_guard.h).
   sigbus::install(host.sigbus_notify_fd());
   notifier.notify("STATUS=loading " + first.model);
-  if (Status loaded = host.load_initial(); !loaded.ok()) {
+  Status loaded;
+  {
+    std::optional<TimeoutExtender> extender;
+    if (notifier.enabled())
+      extender.emplace([&notifier](std::string_view state) { return notifier.notify(state); }, load_progress,
+                       std::chrono::seconds(5), "loading " + first.model);
+    loaded = host.load_initial();
+  }
+  if (!loaded.ok()) {
     std::fprintf(stderr, "colibri-server: cannot load the model: %s\n", loaded.error().message.c_str());
     logging::shutdown();
     return 1;
@@ -135,7 +153,10 @@ int main(int argc, char** argv) {
   // drain_timeout_s, then cancel the rest. A second signal exits at once.
   const std::int64_t grace = service.settings()->config.drain_timeout_s;
   spdlog::info("signal {}: draining (up to {} s)", signal_number, grace);
-  notifier.notify(fmt::format("STOPPING=1\nSTATUS=draining (up to {} s)", grace));
+  // The drain may outlast TimeoutStopSec= (90 s by default); systemd would
+  // then SIGKILL streams it was about to finish.
+  notifier.notify(fmt::format("STOPPING=1\n{}\nSTATUS=draining (up to {} s)",
+                              extend_timeout(std::chrono::seconds(grace + 15)), grace));
   std::thread([signals] {
     int again = 0;
     for (;;) {

@@ -54,4 +54,36 @@ std::string SystemdNotifier::monotonic_usec() {
   return fmt::format("MONOTONIC_USEC={}", static_cast<long long>(now.tv_sec) * 1000000 + now.tv_nsec / 1000);
 }
 
+std::string extend_timeout(std::chrono::microseconds extension) {
+  return fmt::format("EXTEND_TIMEOUT_USEC={}", static_cast<long long>(extension.count()));
+}
+
+TimeoutExtender::TimeoutExtender(Send send, std::function<std::uint64_t()> progress,
+                                 std::chrono::milliseconds interval, std::string status)
+    : send_(std::move(send)), progress_(std::move(progress)), interval_(interval), status_(std::move(status)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+TimeoutExtender::~TimeoutExtender() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void TimeoutExtender::run() {
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t last = progress_();
+  std::unique_lock lock(mutex_);
+  while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
+    const std::uint64_t now = progress_();
+    if (now == last) continue;  // stalled: let the unit's own timeout stand
+    last = now;
+    const auto elapsed = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start);
+    send_(fmt::format("{}\nSTATUS={} ({} s)", extend_timeout(3 * interval_), status_, elapsed.count()));
+  }
+}
+
 }  // namespace colibri::server

@@ -1,7 +1,8 @@
 // systemd notification: the server started with NOTIFY_SOCKET pointing at a
 // datagram socket this test reads (what systemd does for Type=notify) sends
 // READY=1 once it serves, WATCHDOG=1 every WATCHDOG_USEC/2, RELOADING=1 then
-// READY=1 around a SIGHUP reload, and STOPPING=1 when SIGTERM starts the drain.
+// READY=1 around a SIGHUP reload, and STOPPING=1 with EXTEND_TIMEOUT_USEC when
+// SIGTERM starts the drain.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -74,6 +75,8 @@ TEST(SystemdNotify, ReadyWatchdogReloadingStopping) {
   EXPECT_TRUE(notify.wait_for("READY=1", milliseconds(10000))) << notify.all();
   kill(server->pid(), SIGTERM);
   EXPECT_TRUE(notify.wait_for("STOPPING=1", milliseconds(5000))) << notify.all();
+  // The drain's own time, so TimeoutStopSec= does not cut it short.
+  EXPECT_NE(notify.all().find("STOPPING=1\nEXTEND_TIMEOUT_USEC="), std::string::npos) << notify.all();
   const int status = server->wait_exit(std::chrono::seconds(15));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
 }

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -22,6 +24,7 @@
 #include "prometheus_check.h"
 #include "process_metrics.h"
 #include "scheduler.h"
+#include "sd_notify.h"
 #include "service.h"
 #include "utf8.h"
 
@@ -324,6 +327,47 @@ TEST(ServerMetrics, CheckerRejectsBrokenText) {
   EXPECT_NE(check_prometheus_text("# TYPE x counter\nx{a=\"1} 1\n"), "");
   EXPECT_NE(check_prometheus_text("# TYPE x counter\nx one\n"), "");
   EXPECT_NE(check_prometheus_text("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n"), "");
+}
+
+// The start-timeout extender sends EXTEND_TIMEOUT_USEC only while its
+// progress figure moves, and stops sending once it stalls.
+TEST(SystemdTimeoutExtender, ExtendsWhileTheLoadMovesAndNotOnceItStalls) {
+  std::mutex mutex;
+  std::vector<std::string> sent;
+  std::atomic<std::uint64_t> progress{0};
+  std::atomic<bool> moving{true};
+  auto count = [&] {
+    std::lock_guard lock(mutex);
+    return sent.size();
+  };
+  {
+    TimeoutExtender extender(
+        [&](std::string_view state) {
+          std::lock_guard lock(mutex);
+          sent.emplace_back(state);
+          return true;
+        },
+        [&] { return moving ? ++progress : progress.load(); }, std::chrono::milliseconds(20), "loading m");
+    for (int wait = 0; wait < 500 && count() < 3; ++wait) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_GE(count(), 3u);
+    moving = false;
+    // Settled: five intervals without a message (one more may come from the
+    // tick that saw the last change).
+    bool settled = false;
+    for (std::size_t before = count(), round = 0; !settled && round < 20; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      settled = count() == before;
+      before = count();
+    }
+    EXPECT_TRUE(settled) << "still extending with no progress";
+    std::lock_guard lock(mutex);
+    sent.emplace_back("-- stalled --");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::lock_guard lock(mutex);
+  EXPECT_EQ(sent.front().rfind("EXTEND_TIMEOUT_USEC=60000\nSTATUS=loading m (", 0), 0u) << sent.front();
+  // Once stalled, and after the extender is gone, nothing more is sent.
+  EXPECT_EQ(sent.back(), "-- stalled --");
 }
 
 TEST(ServerAuth, BearerComparison) {
