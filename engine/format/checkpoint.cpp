@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/text_file.h"
 #include "format/gguf_source.h"
 #include "format/safetensors_source.h"
 
@@ -11,14 +12,9 @@ namespace colibri {
 namespace {
 
 Result<std::string> read_text(const std::filesystem::path& path, bool required) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!required) return std::string("{}");
-    return make_error("{}: cannot open", path.string());
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  std::error_code ec;
+  if (!required && !std::filesystem::exists(path, ec)) return std::string("{}");
+  return read_text_file(path);
 }
 
 Status override_experts(OpenedCheckpoint& out, int num_experts, const std::string& source) {

@@ -1,5 +1,7 @@
 #include "format/safetensors.h"
 
+#include "core/text_file.h"
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -153,11 +155,9 @@ Result<std::vector<SafetensorsTensor>> parse_safetensors(std::span<const std::ui
 namespace {
 
 Result<nlohmann::json> read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error("{}: cannot open", path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(buffer.str(), nullptr, false);
+  auto text = read_text_file(path);
+  if (!text) return text.error();
+  nlohmann::json json = nlohmann::json::parse(*text, nullptr, false);
   if (json.is_discarded()) return make_error("{}: not valid JSON", path.string());
   return json;
 }

@@ -42,7 +42,9 @@ class ColibriLoader {
     // The descriptor is opened before the mapping and both are checked to be
     // the same inode, so the expert store's preads read the bytes the views
     // point at even if a new file is renamed over the path meanwhile.
-    FileHandle descriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    // O_NONBLOCK: a FIFO swapped in at the path must not stall the load; the
+    // flag changes nothing for a regular file's reads.
+    FileHandle descriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
     if (!descriptor.valid()) return make_error("{}: cannot open: {}", source, std::strerror(errno));
     auto file = copy_weights(options, descriptor.get()) ? MappedFile::copy(descriptor.get(), path)
                                                         : MappedFile::open(path);

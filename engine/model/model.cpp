@@ -101,7 +101,8 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
     return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source);
   }
   if (!std::filesystem::is_directory(path, ec))
-    return make_error("{}: not a model directory (expected config.json, *.safetensors, tokenizer.json)",
+    return make_error("{}: not a regular file or a directory: a model is a .colibri or .gguf file, or a Hugging "
+                      "Face directory (config.json, *.safetensors, tokenizer.json)",
                       path.string());
   auto config = load_hf_config(path / "config.json");
   if (!config) return config.error();

@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include "core/text_file.h"
+
 #include <algorithm>
 #include <fstream>
 #include <limits>
@@ -129,6 +131,12 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
   COLIBRI_READ(tie_embeddings, reader.optional_bool("tie_word_embeddings", false));
   COLIBRI_READ(bos_token_id, reader.optional_token("bos_token_id"));
   COLIBRI_READ(eos_token_id, reader.optional_token("eos_token_id"));
+  // The chat templates put the BOS id into prompts and generation stops at
+  // the EOS id: an id the model has no row for is a broken config.
+  for (const auto& [name, id] : {std::pair{"bos_token_id", config.bos_token_id}, {"eos_token_id", config.eos_token_id}})
+    if (id && *id >= config.vocab)
+      return make_error("{}: field '{}' is {}, not a token of the model's vocabulary [0, {})", source, name, *id,
+                        config.vocab);
   bool bias = arch.has_qkv_bias;
   COLIBRI_READ(qkv_bias, reader.optional_bool("attention_bias", bias));
   COLIBRI_READ(qkv_bias, reader.optional_bool("qkv_bias", config.qkv_bias));
@@ -182,11 +190,9 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
 }
 
 Result<ModelConfig> load_hf_config(const std::filesystem::path& config_path) {
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in) return make_error("{}: cannot open", config_path.string());
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_hf_config(buffer.str(), config_path.string());
+  auto text = read_text_file(config_path);
+  if (!text) return text.error();
+  return parse_hf_config(*text, config_path.string());
 }
 
 }  // namespace colibri

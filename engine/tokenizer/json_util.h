@@ -65,13 +65,18 @@ inline Result<std::int64_t> read_int(const Json& object, std::string_view key, s
 }
 
 // A token id: a non-negative integer that fits in int32.
+inline constexpr std::int64_t kMaxTokenId = std::int64_t{1} << 22;
+
 inline Result<std::int32_t> to_token_id(const Json& value, std::string_view where) {
   if (!value.is_number_integer()) {
     return make_error("{}: token id must be an integer, not {}", where, json_type_name(value));
   }
   const std::int64_t id = value.get<std::int64_t>();
-  if (id < 0 || id >= std::numeric_limits<std::int32_t>::max()) {
-    return make_error("{}: token id {} is out of range", where, id);
+  // The id-to-token table is sized by the largest id: one absurd id in an
+  // untrusted file must not make it gigabytes. 2^22 is also the largest
+  // vocab_size a config.json may declare.
+  if (id < 0 || id >= kMaxTokenId) {
+    return make_error("{}: token id {} is out of range [0, {})", where, id, kMaxTokenId);
   }
   return static_cast<std::int32_t>(id);
 }

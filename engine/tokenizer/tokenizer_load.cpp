@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/text_file.h"
 #include "tokenizer/json_util.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -343,14 +344,7 @@ Result<std::shared_ptr<const Tokenizer::Impl>> build(std::string_view tokenizer_
   return std::shared_ptr<const Tokenizer::Impl>(std::move(impl));
 }
 
-Result<std::string> read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error("{}: cannot open: {}", path.string(), std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return make_error("{}: read failed", path.string());
-  return buffer.str();
-}
+Result<std::string> read_file(const std::filesystem::path& path) { return read_text_file(path); }
 
 }  // namespace
 

@@ -6,13 +6,17 @@
 // converted fixture, named by block; Model::load on bad metadata; the summary
 // colibri-inspect prints. patch_expert is tested in colibri_patch_test.cpp.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 
 #include "colibri_test_util.h"
 #include "core/mapped_file.h"
+#include "core/text_file.h"
 #include "format/colibri_summary.h"
 #include "model/model.h"
 
@@ -260,6 +264,40 @@ TEST(ColibriCorpus, CommittedCorpusMatchesTheCases) {
 }
 
 // A converted fixture (int8 Mixtral, 16 expert blocks) for the tests below.
+// RELIABILITY.md 1A, row 19: a FIFO, a device or a directory where a model
+// file should be is refused at once. Opening a FIFO for reading waits for a
+// writer, so a reader that opens before it checks would hang the server's
+// start (alarm() turns such a hang into a failure here).
+TEST(NonRegularFiles, AreRefusedWithoutBlocking) {
+  TempDir dir{"fifo"};
+  const auto fifo = dir / "model.colibri";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto hf_dir = dir / "hf";
+  std::filesystem::create_directories(hf_dir);
+  ASSERT_EQ(mkfifo((hf_dir / "config.json").c_str(), 0600), 0);
+  alarm(20);
+  auto expect_refused = [](const auto& result, const std::string& what, const std::string& needle) {
+    ASSERT_FALSE(result.ok()) << what;
+    EXPECT_NE(result.error().message.find(needle), std::string::npos) << what << ": " << result.error().message;
+  };
+  expect_refused(Model::load(fifo), "Model::load(fifo)", "not a regular file or a directory");
+  expect_refused(Model::load("/dev/null"), "Model::load(/dev/null)", "not a regular file or a directory");
+  expect_refused(Model::load(hf_dir), "Model::load(directory with a FIFO config.json)", "not a regular file");
+  expect_refused(MappedFile::open(fifo), "MappedFile::open(fifo)", "not a regular file");
+  expect_refused(MappedFile::open("/dev/zero"), "MappedFile::open(/dev/zero)", "not a regular file");
+  expect_refused(read_text_file(fifo), "read_text_file(fifo)", "not a regular file");
+  expect_refused(read_text_file("/dev/zero"), "read_text_file(/dev/zero)", "not a regular file");
+  expect_refused(read_text_file(dir.path()), "read_text_file(directory)", "not a regular file");
+  alarm(0);
+  // A regular file over the cap is refused before it is read.
+  const auto big = dir / "big.json";
+  std::ofstream(big) << std::string(4096, ' ');
+  expect_refused(read_text_file(big, 1024), "read_text_file(4 KiB, cap 1 KiB)", "4096 bytes");
+  auto small = read_text_file(big, 4096);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->size(), 4096u);
+}
+
 class ColibriFixture : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -526,6 +526,18 @@ TEST(Errors, OddJsonShapesNeverThrow) {
   }
   auto r = Tokenizer::from_json(base.dump(), R"({"added_tokens_decoder": {"5": "x"}})", "odd");
   ASSERT_FALSE(r.ok());
+  // One absurd id must not size the id table: refused by its value, before
+  // any table is allocated (the id would otherwise cost ~50 GB of strings).
+  for (const char* pointer : {"/model/vocab/a", "/added_tokens/0/id"}) {
+    json t = base;
+    if (std::string(pointer).rfind("/added", 0) == 0)
+      t["added_tokens"] = json::array({{{"id", 0}, {"content", "<s>"}, {"special", true}}});
+    t[json::json_pointer(pointer)] = 2147483646;
+    auto huge = Tokenizer::from_json(t.dump(), "", "odd");
+    ASSERT_FALSE(huge.ok()) << pointer;
+    EXPECT_NE(huge.error().message.find("token id 2147483646 is out of range [0, 4194304)"), std::string::npos)
+        << huge.error().message;
+  }
   EXPECT_NE(r.error().message.find("odd: tokenizer_config.json"), std::string::npos) << r.error().message;
   // The unknown-character path needs the unk token to exist; without it encoding fails cleanly.
   json no_unk = base;

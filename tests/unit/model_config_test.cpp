@@ -84,6 +84,19 @@ TEST(ModelConfig, WrongTypesAndRangesAreErrors) {
   auto not_json = parse_hf_config("{", "config.json");
   ASSERT_FALSE(not_json.ok());
   EXPECT_NE(not_json.error().message.find("not valid JSON"), std::string::npos);
+  // BOS and EOS ids must name rows of the model's vocabulary (the chat
+  // templates put BOS into prompts).
+  config = fixture_config("mixtral-tiny");
+  const int vocab = config["vocab_size"].get<int>();
+  config["eos_token_id"] = vocab;
+  EXPECT_NE(error_of(config).find("'eos_token_id' is " + std::to_string(vocab) + ", not a token"), std::string::npos)
+      << error_of(config);
+  config = fixture_config("mixtral-tiny");
+  config["bos_token_id"] = nlohmann::json::array({vocab + 7});
+  EXPECT_NE(error_of(config).find("'bos_token_id'"), std::string::npos) << error_of(config);
+  config = fixture_config("mixtral-tiny");
+  config["eos_token_id"] = vocab - 1;
+  EXPECT_TRUE(parse_hf_config(config.dump(), "config.json").ok());
 }
 
 TEST(ModelConfig, SparseStepAndMlpOnlyLayersChooseDenseLayers) {
