@@ -104,6 +104,37 @@ TEST_F(BadInputTest, WrongTypes) {
   expect_error("/v1/route", R"({"n_experts": 4, "top_k": 2, "logits": "x"})", 400, "logits");
 }
 
+// RELIABILITY.md 1D, row 55: a token id the model has no row for must be
+// refused by name before it reaches the embedding table.
+TEST_F(BadInputTest, PromptTokenIdsOutsideTheVocabulary) {
+  const int vocab = http_get(port(), "/v1/models").json_body()["data"][0]["vocab"];
+  auto error = expect_error("/v1/completions", json{{"prompt", {1, vocab}}}.dump(), 400, "prompt");
+  EXPECT_NE(error["message"].get<std::string>().find("prompt[1] = " + std::to_string(vocab)), std::string::npos)
+      << error["message"];
+  expect_error("/v1/completions", json{{"prompt", {-1}}}.dump(), 400, "prompt");
+  expect_error("/v1/completions", json{{"prompt", json::array({json::array({1, vocab + 100})})}}.dump(), 400, "prompt");
+  expect_error("/v1/completions", R"({"prompt": [1, 4294967296]})", 400, "prompt");
+  expect_error("/v1/completions", R"({"prompt": [1, 2.5]})", 400, "prompt");
+  expect_error("/detokenize", json{{"tokens", {1, vocab}}}.dump(), 400, "tokens");
+  EXPECT_EQ(http_post(port(), "/v1/completions", json{{"prompt", {1, vocab - 1}}, {"max_tokens", 2}}).status, 200);
+}
+
+// RELIABILITY.md 1G, row 86: content the server would have to fetch or
+// decode (image_url, input_audio) is refused by name; nothing is fetched.
+TEST_F(BadInputTest, NonTextContentPartsAreRefusedByName) {
+  auto error = expect_error(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
+          {"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}]}]})",
+      400, "messages[0].content[1]");
+  EXPECT_NE(error["message"].get<std::string>().find("only text content"), std::string::npos) << error["message"];
+  expect_error("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}]})",
+               400, "messages[0].content[0]");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})",
+               400, "messages[0].content[0]");
+}
+
 TEST_F(BadInputTest, MaxTokensOutOfBounds) {
   expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens");
   expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": -1})", 400, "max_tokens");
