@@ -39,6 +39,7 @@ int milliseconds_until(Clock::time_point deadline) {
 }
 
 thread_local int serving_socket = -1;
+thread_local bool close_requested = false;
 
 // Formats an address as cpp-httplib does (getnameinfo, numeric host).
 void address_of(const sockaddr_storage& address, socklen_t length, std::string& ip, int& port) {
@@ -352,6 +353,8 @@ GatedServer::~GatedServer() { gate_.stop(); }
 
 int GatedServer::current_socket() { return serving_socket; }
 
+void GatedServer::close_after_response() { close_requested = true; }
+
 // Runs on a worker for each accepted connection: served here if its request
 // is already whole (the usual case), else parked.
 bool GatedServer::process_and_close_socket(socket_t sock) {
@@ -381,10 +384,11 @@ void GatedServer::serve(int fd, int served, Clock::time_point deadline) {
     const bool last = served + 1 >= kKeepAliveMaxRequests || !is_running();
     bool connection_closed = false;
     serving_socket = fd;
+    close_requested = false;
     const bool ok = process_request(stream, last, connection_closed, nullptr);
     serving_socket = -1;
     ++served;
-    if (!ok || connection_closed || last) break;
+    if (!ok || connection_closed || last || close_requested) break;
     // A next request already whole (pipelined, or sent at once) is served
     // now; else the connection waits for it off this thread.
     if (stream.buffered() == 0 && ConnectionGate::peek_headers(fd) != ConnectionGate::Headers::Complete)

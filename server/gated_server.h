@@ -108,6 +108,10 @@ class GatedServer : public httplib::Server {
   // The socket of the request this thread is serving, -1 outside one. Open
   // until the request's handler (and its streamed response) returns.
   static int current_socket();
+  // Closes this thread's connection once the current response is written,
+  // whatever keep-alive says: for a request refused before its body was read
+  // (the unread bytes must not be parsed as the next request).
+  static void close_after_response();
 
  private:
   class Queue;

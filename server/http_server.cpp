@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <iterator>
 #include <optional>
@@ -312,11 +313,27 @@ void HttpServer::install() {
     const Config& c = snapshot->config;
     // cpp-httplib 0.11 enforces the body limit only for Content-Length bodies;
     // a chunked upload could grow without bound, so it is refused.
-    if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+    // Refusals here come before the body is read: the connection is closed
+    // after the answer, or the body's bytes would be parsed as the next request.
+    auto refuse = [&res](const ApiError& error) {
       res.set_header("Connection", "close");
-      send_error(res, ApiError{411, "invalid_request_error", "chunked request bodies are not accepted; send Content-Length",
-                               "", "length_required"});
+      GatedServer::close_after_response();
+      send_error(res, error);
       return httplib::Server::HandlerResponse::Handled;
+    };
+    if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos)
+      return refuse(ApiError{411, "invalid_request_error", "chunked request bodies are not accepted; send Content-Length",
+                             "", "length_required"});
+    // Judged from the header, so a client that declares a gigabyte is answered
+    // at once instead of being read (or waited for) first.
+    if (const std::string length = req.get_header_value("Content-Length"); !length.empty()) {
+      std::uint64_t declared = 0;
+      const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), declared);
+      if ((ec == std::errc() && end == length.data() + length.size() &&
+           declared > static_cast<std::uint64_t>(c.max_body_bytes)) ||
+          ec == std::errc::result_out_of_range)
+        return refuse(ApiError::too_large(
+            fmt::format("the request body is larger than max_body_bytes = {} bytes", c.max_body_bytes)));
     }
     // `curl -d` labels bodies application/x-www-form-urlencoded, and the
     // compiled cpp-httplib caps such bodies at 8 KiB (a 413 for any longer
@@ -341,6 +358,7 @@ void HttpServer::install() {
       // The body was not read: on a kept-alive connection its bytes would be
       // parsed as the next request.
       res.set_header("Connection", "close");
+      GatedServer::close_after_response();
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

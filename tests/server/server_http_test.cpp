@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <future>
 #include <fstream>
 #include <span>
 #include <sstream>
@@ -883,6 +884,77 @@ TEST_F(HttpServerTest, SigtermDrainsRunningStreamsThenExits) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
 }
 
+// RELIABILITY.md 1F, row 68: a generation the drain cannot finish within
+// drain_timeout_s ends with an error event inside its stream (its headers
+// went out long before) and [DONE]; requests that arrive during the drain get
+// 503; the process still exits 0.
+TEST_F(HttpServerTest, DrainTimeoutEndsAStreamWithAnErrorEventAndRefusesNewWork) {
+  std::string error;
+  // 16000 tokens of one session, attention over a growing context: far more
+  // than the drain's second on any machine.
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--drain-timeout-s", "1", "--context-length", "16384",
+                                      "--max-tokens-limit", "16000"},
+                                     error);
+  ASSERT_NE(server, nullptr) << error;
+  auto stream = std::async(std::launch::async, [&] {
+    return http_stream(server->port(), "/v1/completions",
+                       json{{"prompt", "drain"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}});
+  });
+  bool admitted = false;
+  for (int wait = 0; wait < 100 && !admitted; ++wait) {
+    admitted = metric_value(http_get(server->port(), "/metrics").body, "colibri_active_sessions") == 1;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(admitted);
+  const auto signalled = std::chrono::steady_clock::now();
+  kill(server->pid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto refused = http_post(server->port(), "/v1/completions", json{{"prompt", "late"}, {"max_tokens", 2}});
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  const SseResult ended = stream.get();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  EXPECT_EQ(ended.status, 200);
+  ASSERT_FALSE(ended.events.empty()) << ended.raw;
+  const json& last = ended.events.back();
+  ASSERT_TRUE(last.contains("error")) << ended.raw;
+  EXPECT_NE(last["error"]["message"].get<std::string>().find("shutting down"), std::string::npos) << ended.raw;
+  EXPECT_TRUE(ended.done) << ended.raw;
+  EXPECT_LT(seconds, 4.0) << "the drain waited past drain_timeout_s (1 s)";
+  const int status = server->wait_exit(std::chrono::seconds(15));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "exit status " << status;
+}
+
+// RELIABILITY.md 1F, row 69: an operator who signals again does not wait for
+// the drain: the second SIGTERM ends the process at once with 128 + 15.
+TEST_F(HttpServerTest, ASecondSigtermEndsTheDrainAtOnce) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--drain-timeout-s", "60", "--context-length", "16384",
+                                      "--max-tokens-limit", "16000"},
+                                     error);
+  ASSERT_NE(server, nullptr) << error;
+  auto stream = std::async(std::launch::async, [&] {
+    return http_stream(server->port(), "/v1/completions",
+                       json{{"prompt", "drain"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}});
+  });
+  bool admitted = false;
+  for (int wait = 0; wait < 100 && !admitted; ++wait) {
+    admitted = metric_value(http_get(server->port(), "/metrics").body, "colibri_active_sessions") == 1;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(admitted);
+  kill(server->pid(), SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(http_get(server->port(), "/ready").status, 503);  // draining, not gone
+  const auto second = std::chrono::steady_clock::now();
+  kill(server->pid(), SIGTERM);
+  const int status = server->wait_exit(std::chrono::seconds(10));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - second).count();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << "exit status " << status;
+  EXPECT_LT(seconds, 2.0);
+  const SseResult cut = stream.get();  // the connection closed under it
+  EXPECT_FALSE(cut.done);
+}
+
 // A TCP connection to 127.0.0.1:port; -1 if it fails. Non-blocking: the
 // handshake may still be under way (connect's EINPROGRESS).
 int connect_loopback(int port, bool nonblocking = false) {
@@ -1049,6 +1121,53 @@ TEST(HttpListenTest, AHeaderFloodGets431) {
   EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
                          "colibri_http_connections_refused_total{reason=\"headers_too_large\"}"),
             1);
+}
+
+// RELIABILITY.md 1D, row 47: a body declared larger than max_body_bytes is
+// answered 413 from its headers alone, without the server waiting for (or
+// buffering) a gigabyte; a chunked body, whose size is unknown until it has
+// arrived, gets 411. Either way the connection closes and others are served.
+TEST(HttpListenTest, OversizedAndChunkedBodiesAreRefusedFromTheirHeaders) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--max-body-bytes", "65536"}, error,
+                                     {"COLIBRI_API_KEY=listen-key-1"});
+  ASSERT_NE(server, nullptr) << error;
+  auto exchange = [&](const std::string& request) {
+    const int fd = connect_loopback(server->port());
+    EXPECT_GE(fd, 0);
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    const auto start = std::chrono::steady_clock::now();
+    std::string got = read_until_closed(fd, 5000);
+    close(fd);
+    return std::pair{got, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  };
+  const auto [too_large, large_s] = exchange(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: 1073741824\r\n\r\n{\"prompt\": \"");
+  EXPECT_EQ(too_large.rfind("HTTP/1.1 413", 0), 0u) << too_large.substr(0, 300);
+  EXPECT_NE(too_large.find("<closed>"), std::string::npos) << "the connection stayed open";
+  EXPECT_LT(large_s, 3.0) << "answered only after waiting for the body";
+  const auto [chunked, chunked_s] = exchange(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n10\r\n{\"prompt\": \"hi\"}\r\n0\r\n\r\n");
+  EXPECT_EQ(chunked.rfind("HTTP/1.1 411", 0), 0u) << chunked.substr(0, 300);
+  EXPECT_NE(chunked.find("length_required"), std::string::npos) << chunked.substr(0, 300);
+  EXPECT_EQ(chunked.find("HTTP/1.1", 5), std::string::npos) << "the unread body was answered as requests: " << chunked;
+  EXPECT_LT(chunked_s, 3.0);
+  // A refused key: the body, here a whole second request, is never read, so
+  // it must not be answered (the connection closes after the 401).
+  const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer listen-key-1\r\n\r\n";
+  const auto [unauthorized, unauthorized_s] = exchange(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Type: application/json\r\n"
+      "Content-Length: " + std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
+  EXPECT_EQ(unauthorized.rfind("HTTP/1.1 401", 0), 0u) << unauthorized.substr(0, 300);
+  EXPECT_EQ(unauthorized.find("HTTP/1.1 200"), std::string::npos) << "the body was served as a request: " << unauthorized;
+  EXPECT_NE(unauthorized.find("<closed>"), std::string::npos);
+  EXPECT_LT(unauthorized_s, 3.0);
+  EXPECT_EQ(http_post(server->port(), "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 2}},
+                      {{"Authorization", "Bearer listen-key-1"}})
+                .status,
+            200);
 }
 
 }  // namespace
