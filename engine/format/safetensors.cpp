@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace colibri {
@@ -106,8 +107,22 @@ Result<std::vector<SafetensorsTensor>> parse_safetensors(std::span<const std::ui
                       header_len, image.size());
 
   auto header_text = std::string_view(reinterpret_cast<const char*>(image.data()) + 8, header_len);
-  nlohmann::json header = nlohmann::json::parse(header_text, nullptr, /*allow_exceptions=*/false);
+  // JSON parsers keep one of two equal keys silently, so a header naming a
+  // tensor twice would load whichever entry this parser keeps; such a file
+  // is refused instead (the safetensors format forbids it).
+  std::vector<std::set<std::string>> keys_seen;
+  std::string duplicate;
+  auto watch_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) keys_seen.emplace_back();
+    if (event == nlohmann::json::parse_event_t::object_end && !keys_seen.empty()) keys_seen.pop_back();
+    if (event == nlohmann::json::parse_event_t::key && !keys_seen.empty() && duplicate.empty() &&
+        !keys_seen.back().insert(parsed.get<std::string>()).second)
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json header = nlohmann::json::parse(header_text, watch_keys, /*allow_exceptions=*/false);
   if (header.is_discarded()) return make_error("{}: header is not valid JSON", source);
+  if (!duplicate.empty()) return make_error("{}: header names '{}' twice", source, duplicate.substr(0, 256));
   if (!header.is_object()) return make_error("{}: header is not a JSON object", source);
 
   auto data = image.subspan(8 + header_len);

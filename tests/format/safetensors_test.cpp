@@ -70,6 +70,21 @@ TEST(Safetensors, HeaderNotJson) {
   expect_error(image(R"([1,2])", 0), "not a JSON object");
 }
 
+// RELIABILITY.md 1B, row 23: a name listed twice is ambiguous (which entry
+// is the tensor?), even when both entries would pass every other check.
+TEST(Safetensors, DuplicateKeysAreRefused) {
+  expect_error(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                     R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4),
+               "names 'a' twice");
+  expect_error(image(R"({"a":{"dtype":"F32","dtype":"I8","shape":[1],"data_offsets":[0,4]}})", 4),
+               "names 'dtype' twice");
+  // The same key in two different objects is not a duplicate.
+  auto ok = parse_safetensors(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                    R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+                              "two.safetensors");
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+}
+
 TEST(Safetensors, UnknownDtype) {
   expect_error(image(R"({"a":{"dtype":"Q9_K","shape":[1],"data_offsets":[0,1]}})", 1), "unsupported dtype 'Q9_K'");
 }
