@@ -443,6 +443,47 @@ TEST(GrpcAuthTest, MethodsNeedTheKeyButHealthDoesNot) {
   grpc::ClientContext right;
   right.AddMetadata("authorization", "Bearer grpc-key");
   EXPECT_TRUE(stub->GetModelInfo(&right, pb::GetModelInfoRequest(), &info).ok());
+  // Every other method too, with no key and a wrong one (RELIABILITY.md 1G,
+  // row 82): none may run, reload the model or leak the vocabulary.
+  for (const char* key : {"", "Bearer nope"}) {
+    SCOPED_TRACE(std::string("key '") + key + "'");
+    auto context = [&] {
+      auto c = std::make_unique<grpc::ClientContext>();
+      if (*key != '\0') c->AddMetadata("authorization", key);
+      return c;
+    };
+    pb::GenerateRequest generate;
+    generate.set_prompt("x");
+    auto generate_context = context();
+    auto generate_reader = stub->Generate(generate_context.get(), generate);
+    pb::GenerateChunk chunk;
+    EXPECT_FALSE(generate_reader->Read(&chunk));
+    EXPECT_EQ(generate_reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    pb::ChatRequest chat;
+    auto* message = chat.add_messages();
+    message->set_role("user");
+    message->set_content("x");
+    auto chat_context = context();
+    auto chat_reader = stub->Chat(chat_context.get(), chat);
+    EXPECT_FALSE(chat_reader->Read(&chunk));
+    EXPECT_EQ(chat_reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    pb::TokenizeRequest tokenize;
+    tokenize.set_text("x");
+    pb::TokenizeResponse tokens;
+    EXPECT_EQ(stub->Tokenize(context().get(), tokenize, &tokens).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    pb::DetokenizeRequest detokenize;
+    detokenize.add_ids(1);
+    pb::DetokenizeResponse text;
+    EXPECT_EQ(stub->Detokenize(context().get(), detokenize, &text).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    pb::RouteRequest route;
+    pb::RouteResponse routed;
+    EXPECT_EQ(stub->Route(context().get(), route, &routed).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    pb::ReloadRequest reload;
+    pb::ReloadResponse reloaded;
+    EXPECT_EQ(stub->Reload(context().get(), reload, &reloaded).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  const std::string metrics = http_get(server->port(), "/metrics", {{"Authorization", "Bearer grpc-key"}}).body;
+  EXPECT_EQ(metrics.find("colibri_reloads_total{"), std::string::npos) << "a reload ran without the key";
   grpc::ClientContext health;
   grpc::ByteBuffer request, response;
   grpc::Slice empty;

@@ -356,5 +356,48 @@ TEST(AdmissionTest, FullQueueAnswers429WithRetryAfter) {
   EXPECT_GE(metric_value(http_get(port, "/metrics").body, "colibri_rejected_requests_total{reason=\"queue_full\"}"), 1);
 }
 
+// RELIABILITY.md 1E, row 66: a request that waits longer than
+// queue_timeout_ms for a session gets 503 with Retry-After (streaming too: its
+// status is only sent once it holds a session), and is counted.
+TEST(AdmissionTest, QueueTimeoutAnswers503) {
+  std::string error;
+  // A holds the only session for seconds (16000 tokens over a growing
+  // context); each of the two others gives up after 0.3 s in the queue.
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--max-sessions", "1", "--queue-timeout-ms", "300",
+                                      "--context-length", "16384", "--max-tokens-limit", "16000"},
+                                     error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  std::promise<void> holding;
+  auto held = holding.get_future();
+  std::atomic<bool> release{false};
+  auto a = std::async(std::launch::async, [&, promise = std::move(holding)]() mutable {
+    bool first = true;
+    return http_stream(port, "/v1/completions",
+                       json{{"prompt", "hold"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}},
+                       [&](const json&) {
+                         if (first) promise.set_value();
+                         first = false;
+                         return !release.load();
+                       });
+  });
+  ASSERT_EQ(held.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "not streaming");
+    const auto start = std::chrono::steady_clock::now();
+    auto waited = http_post(port, "/v1/completions", json{{"prompt", "waits"}, {"max_tokens", 3}, {"stream", stream}});
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(waited.status, 503) << waited.body;
+    EXPECT_EQ(waited.json_body()["error"]["type"], "unavailable_error") << waited.body;
+    EXPECT_NE(waited.headers.find("Retry-After"), waited.headers.end());
+    EXPECT_GE(seconds, 0.25);
+    EXPECT_LT(seconds, 5.0);
+  }
+  release = true;
+  a.get();
+  EXPECT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_rejected_requests_total{reason=\"queue_timeout\"}"), 2);
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 3}}).status, 200);
+}
+
 }  // namespace
 }  // namespace colibri::test

@@ -451,5 +451,48 @@ TEST_F(ReloadTest, InvalidRoutingOptionsRefuseToStartNamingThem) {
   EXPECT_NE(error.find("n_group must divide"), std::string::npos) << error;
 }
 
+// RELIABILITY.md 1F, row 77: KV caches that cannot fit are refused by
+// arithmetic, before any allocation: at start the server exits naming the
+// keys to lower; on a reload the old model keeps serving and the caller gets
+// 503 insufficient_memory. 1024 sessions of 40960 positions of this fixture's
+// f32 cache are 40 GiB.
+std::uint64_t mem_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(256, '\n');
+  }
+  return 0;
+}
+
+TEST_F(ReloadTest, KvCachesBeyondMemoryAreRefusedAtStartAndOnReload) {
+  if (mem_available_bytes() > (std::uint64_t{36} << 30)) GTEST_SKIP() << "this machine could hold 40 GiB of KV cache";
+  std::string error;
+  auto refused = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--max-sessions", "1024",
+                                       "--context-length", "40960"},
+                                      error);
+  EXPECT_EQ(refused, nullptr);
+  EXPECT_NE(error.find("not enough memory"), std::string::npos) << error;
+  EXPECT_NE(error.find("lower max_sessions or context_length"), std::string::npos) << error;
+
+  const fs::path config = dir_ / ("memory-" + std::to_string(counter_++) + ".json");
+  std::ofstream(config) << json{{"model", model_.string()}, {"max_sessions", 2}, {"context_length", 512}}.dump();
+  auto server = ServerProcess::start({"--config", config.string(), "--grpc-port", "-1", "--watch-model", "off"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  const std::string before = checksum(port);
+  std::ofstream(config) << json{{"model", model_.string()}, {"max_sessions", 1024}, {"context_length", 40960}}.dump();
+  auto reload = http_post(port, "/admin/reload", std::string("{}"));
+  EXPECT_EQ(reload.status, 503) << reload.body;
+  EXPECT_EQ(reload.json_body()["error"]["code"], "insufficient_memory") << reload.body;
+  EXPECT_NE(reload.headers.find("Retry-After"), reload.headers.end());
+  EXPECT_EQ(http_get(port, "/ready").status, 200);
+  EXPECT_EQ(checksum(port), before);
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "still"}, {"max_tokens", 3}}).status, 200);
+  fs::remove(config);
+}
+
 }  // namespace
 }  // namespace colibri::test
