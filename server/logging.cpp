@@ -9,9 +9,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace colibri::server::logging {
 
@@ -41,10 +43,14 @@ class ServerSink final : public spdlog::sinks::base_sink<std::mutex> {
       }
     }
     std::lock_guard lock(mutex_);
-    if (file_) file_->flush();
+    if (file_) flush_file();
     file_ = std::move(file);
+    file_path_ = path;
+    file_failing_ = false;
     return Status::Ok();
   }
+
+  std::uint64_t file_errors() const { return file_errors_.load(std::memory_order_relaxed); }
 
   std::vector<std::string> recent(std::size_t n) {
     std::lock_guard lock(ring_mutex_);
@@ -67,8 +73,9 @@ class ServerSink final : public spdlog::sinks::base_sink<std::mutex> {
     if (file_) {
       try {
         file_->log(clean);
-      } catch (const spdlog::spdlog_ex&) {
-        // A full disk loses log lines, never requests.
+        unflushed_ = true;
+      } catch (const spdlog::spdlog_ex& e) {
+        file_failed(e.what());  // a full disk loses log lines, never requests
       }
     }
     if (ring_capacity_ > 0) {
@@ -84,17 +91,47 @@ class ServerSink final : public spdlog::sinks::base_sink<std::mutex> {
 
   void flush_() override {
     stderr_->flush();
-    if (file_) {
-      try {
-        file_->flush();
-      } catch (const spdlog::spdlog_ex&) {
-      }
-    }
+    if (file_) flush_file();
   }
 
  private:
+  void flush_file() {
+    try {
+      file_->flush();
+      // Only a flush that carried lines proves the file takes them again.
+      const bool carried_lines = std::exchange(unflushed_, false);
+      if (file_failing_ && carried_lines) {
+        file_failing_ = false;
+        note(spdlog::level::info, fmt::format("log_file {}: written again", file_path_));
+      }
+    } catch (const spdlog::spdlog_ex& e) {
+      unflushed_ = false;  // the stream dropped them
+      file_failed(e.what());
+    }
+  }
+  // Said once per failing spell, on stderr (the file cannot take it): the
+  // operator learns that the file has gaps, and the counter says how many.
+  void file_failed(const std::string& what) {
+    file_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (file_failing_) return;
+    file_failing_ = true;
+    note(spdlog::level::err,
+         fmt::format("log_file {}: {}; log lines are lost until it can be written again "
+                     "(colibri_log_file_errors_total counts the failed writes)",
+                     file_path_, what));
+  }
+  void note(spdlog::level::level_enum level, const std::string& text) {
+    spdlog::details::log_msg message("colibri", level, text);
+    stderr_->log(message);
+    stderr_->flush();
+  }
+
   std::shared_ptr<spdlog::sinks::stderr_sink_mt> stderr_;
   std::shared_ptr<spdlog::sinks::basic_file_sink_mt> file_;  // guarded by base_sink's mutex_
+  std::string file_path_;                                     // likewise
+  bool file_failing_ = false;                                 // likewise
+  bool unflushed_ = false;                                    // likewise: lines since the last flush
+  std::atomic<std::uint64_t> file_errors_{0};                 // read by /metrics
   std::unique_ptr<spdlog::formatter> line_formatter_;
   const std::size_t ring_capacity_;
   std::mutex ring_mutex_;  // readers are HTTP threads
@@ -142,6 +179,8 @@ std::vector<std::string> recent(std::size_t n) {
   if (!g_sink) return {};
   return g_sink->recent(n);
 }
+
+std::uint64_t file_errors() { return g_sink ? g_sink->file_errors() : 0; }
 
 void shutdown() { spdlog::shutdown(); }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ std::string level();
 Status set_file(const std::string& file);
 // The last `n` lines kept (at most log_ring_lines), oldest first.
 std::vector<std::string> recent(std::size_t n);
+// Writes or flushes of log_file that failed (a full disk): lines were lost.
+std::uint64_t file_errors();
 // Flushes and stops the logger thread.
 void shutdown();
 

@@ -494,5 +494,31 @@ TEST_F(ReloadTest, KvCachesBeyondMemoryAreRefusedAtStartAndOnReload) {
   fs::remove(config);
 }
 
+// RELIABILITY.md 1F, row 76: a log file that cannot be written (a full disk;
+// /dev/full here) costs log lines, never requests, and says so: once on
+// stderr with the system's reason, and in colibri_log_file_errors_total. The
+// ring behind /admin/logs keeps every line.
+TEST(LogFileTest, AFullDiskLosesLinesNotRequestsAndSaysSo) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--log-file", "/dev/full"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "full"}, {"max_tokens", 3}}).status, 200);
+  double errors = 0;
+  for (int wait = 0; wait < 40 && errors < 1; ++wait) {  // the file is flushed every second
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    errors = metric_value(http_get(port, "/metrics").body, "colibri_log_file_errors_total");
+  }
+  EXPECT_GE(errors, 1);
+  const std::string log = server->log();
+  EXPECT_NE(log.find("log_file /dev/full: "), std::string::npos) << log;
+  EXPECT_NE(log.find("No space left on device"), std::string::npos) << log;
+  auto logs = http_get(port, "/admin/logs");
+  EXPECT_EQ(logs.status, 200);
+  EXPECT_NE(logs.body.find("POST /v1/completions 200"), std::string::npos) << logs.body.substr(0, 500);
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 3}}).status, 200);
+}
+
 }  // namespace
 }  // namespace colibri::test
