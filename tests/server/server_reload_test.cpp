@@ -163,6 +163,41 @@ TEST_F(ReloadTest, SwapUnderSteadyLoadFailsNoRequestAndOldStreamsFinish) {
   EXPECT_NE(metrics.find("checksum=\"" + after + "\""), std::string::npos);
 }
 
+// RELIABILITY.md 1F, row 75: the served file renamed away or deleted is not a
+// failed reload: the server keeps serving what it loaded (the mapping or the
+// copy holds the old inode), and loads the file that appears at the path next.
+TEST_F(ReloadTest, FileRenamedAwayOrDeletedKeepsServingUntilANewOneAppears) {
+  for (const char* memory : {"map", "copy"}) {
+    SCOPED_TRACE(memory);
+    auto server = start({"--model-memory", memory});
+    ASSERT_NE(server, nullptr);
+    const int port = server->port();
+    const std::string before = checksum(port);
+    auto failed_reloads = [&] {
+      return metric_value(http_get(port, "/metrics").body, "colibri_reloads_total{result=\"failed\"}");
+    };
+    const fs::path moved = model_.string() + ".moved";
+    fs::rename(model_, moved);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // several watch intervals and quiet periods
+    EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "still here"}, {"max_tokens", 4}}).status, 200);
+    EXPECT_EQ(http_get(port, "/ready").status, 200);
+    EXPECT_EQ(checksum(port), before);
+    EXPECT_EQ(failed_reloads(), -1) << "a missing file was counted as a failed reload";
+    // A different model appears at the path: it is loaded.
+    replace_with(dir_ / "b.colibri");
+    EXPECT_TRUE(eventually([&] { return checksum(port) != before && !checksum(port).empty(); }));
+    const std::string after = checksum(port);
+    // Deleted outright: still serving the loaded one.
+    fs::remove(model_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "still"}, {"max_tokens", 4}}).status, 200);
+    EXPECT_EQ(checksum(port), after);
+    EXPECT_EQ(failed_reloads(), -1);
+    fs::rename(moved, model_);  // for the next round and TearDown
+    EXPECT_TRUE(eventually([&] { return checksum(port) == before; }));
+  }
+}
+
 TEST_F(ReloadTest, CorruptOrTruncatedReplacementKeepsTheOldModel) {
   auto server = start();
   ASSERT_NE(server, nullptr);
