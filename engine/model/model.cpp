@@ -1,9 +1,13 @@
 #include "model/model.h"
 
 #include <fmt/ranges.h>
+#include <sys/mman.h>
+
+#include <cerrno>
 
 #include <string>
 
+#include "core/arena.h"
 #include "format/gguf_source.h"
 #include "format/safetensors_source.h"
 #include "model/tensor_plan.h"
@@ -59,7 +63,7 @@ class HfLoader {
 
 Result<std::shared_ptr<const Model>> Model::from_source(const std::filesystem::path& path,
                                                        ModelConfig config, Tokenizer tokenizer,
-                                                       const TensorSource& source) {
+                                                       const TensorSource& source, bool lock) {
   if (tokenizer.vocab_size() > config.vocab)
     return make_error("{}: tokenizer has {} tokens but the model's vocabulary is {}", path.string(),
                       tokenizer.vocab_size(), config.vocab);
@@ -69,7 +73,17 @@ Result<std::shared_ptr<const Model>> Model::from_source(const std::filesystem::p
   model->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   HfLoader loader(*model, source);
   COLIBRI_TRY(loader.bind_all());
+  const std::size_t bytes = model->storage_.size() * sizeof(float);
+  if (lock && bytes > 0) {
+    if (::mlock(model->storage_.data(), bytes) == 0) model->storage_locked_ = true;
+    else model->storage_lock_error_ = mlock_failure(bytes, errno);
+  }
   return std::shared_ptr<const Model>(std::move(model));
+}
+
+Model::~Model() {
+  // Heap pages stay locked after free() unless unlocked: a reload would leak them.
+  if (storage_locked_) ::munlock(storage_.data(), storage_.size() * sizeof(float));
 }
 
 std::optional<WeightsMemory> weights_memory_from_name(std::string_view name) {
@@ -98,7 +112,7 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   if (std::filesystem::is_regular_file(path, ec) && path.extension() == ".gguf") {
     auto gguf = open_gguf_model(path);
     if (!gguf) return gguf.error();
-    return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source);
+    return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source, options.lock);
   }
   if (!std::filesystem::is_directory(path, ec))
     return make_error("{}: not a regular file or a directory: a model is a .colibri or .gguf file, or a Hugging "
@@ -111,7 +125,7 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   auto checkpoint = SafetensorsCheckpoint::open(path);
   if (!checkpoint) return checkpoint.error();
   SafetensorsSource source(std::move(checkpoint).value());
-  return from_source(path, std::move(config).value(), std::move(tokenizer).value(), source);
+  return from_source(path, std::move(config).value(), std::move(tokenizer).value(), source, options.lock);
 }
 
 }  // namespace colibri

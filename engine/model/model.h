@@ -63,7 +63,8 @@ struct LoadOptions {
     memory = paged ? WeightsMemory::Map : requested;
     copy_dense = paged;
   }
-  // .colibri files: mlock the weights. A refusal does not fail the load:
+  // mlock the weights (a .colibri file's bytes, or a checkpoint's weights
+  // converted at load). A refusal does not fail the load:
   // Model::weights_lock_error() says why and how to allow it.
   bool lock = false;
 };
@@ -77,11 +78,12 @@ class Model {
   //    tokenizer.json and tokenizer_config.json (converted to f32 in memory).
   static Result<std::shared_ptr<const Model>> load(const std::filesystem::path& path,
                                                    const LoadOptions& options = {});
+  ~Model();
   // Binds weights from any source (safetensors, GGUF, ...) as f32. `path` is
   // what the model is called in messages and listings.
   static Result<std::shared_ptr<const Model>> from_source(const std::filesystem::path& path,
                                                           ModelConfig config, Tokenizer tokenizer,
-                                                          const TensorSource& source);
+                                                          const TensorSource& source, bool lock = false);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -105,7 +107,9 @@ class Model {
   // How a .colibri file's bytes are held ("mapped ..." / "copied ..."), empty
   // for converted checkpoints.
   std::string weights_memory() const;
-  const std::string& weights_lock_error() const { return mapping_.lock_error(); }
+  const std::string& weights_lock_error() const {
+    return mapping_.data() != nullptr ? mapping_.lock_error() : storage_lock_error_;
+  }
   int file_descriptor() const { return file_.get(); }
 
  private:
@@ -122,6 +126,8 @@ class Model {
   std::string weight_scheme_ = "f32";
   std::size_t weight_bytes_ = 0;
   std::vector<float> storage_;  // checkpoints loaded as f32: views in weights_ point here
+  bool storage_locked_ = false;     // LoadOptions::lock: storage_ is mlocked (unlocked when freed)
+  std::string storage_lock_error_;  // why that mlock failed
   MappedFile mapping_;          // .colibri files: views in weights_ point here
   Arena dense_copy_;            // LoadOptions::copy_dense: the non-expert views point here
   FileHandle file_;             // .colibri files: the mapped file, open for pread
