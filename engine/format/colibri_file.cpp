@@ -154,6 +154,11 @@ Result<ColibriImage> parse_colibri(std::span<const std::uint8_t> bytes, std::str
     return make_error("{}: header checksum mismatch (stored {:016x}, computed {:016x}): the header, "
                       "metadata, directory or index is corrupt",
                       source, h.header_checksum, actual);
+  // Reserved means zero: a later version may give these bytes a meaning, and
+  // a reader that ignored them would misread such a file. (After the checksum,
+  // so a flipped bit there still reads as corruption.)
+  if (const auto reserved = load<std::uint64_t>(bytes.data() + 112); reserved != 0)
+    return make_error("{}: reserved header field (offset 112) is 0x{:x}, not 0", source, reserved);
 
   ColibriImage image;
   image.header = h;
@@ -196,6 +201,8 @@ Result<ColibriImage> parse_colibri(std::span<const std::uint8_t> bytes, std::str
     t.size = load<std::uint64_t>(p + 40);
     t.checksum = load<std::uint64_t>(p + 48);
     t.expert_slot = load<std::uint32_t>(p + 56);
+    if (const auto reserved = load<std::uint32_t>(p + 60); reserved != 0)
+      return make_error("{}: tensor #{}: reserved directory field (offset 60) is 0x{:x}, not 0", source, i, reserved);
 
     if (name_size == 0 || !in_bounds(name_offset, name_size, strings.size()))
       return make_error("{}: tensor #{}: name at [{}, +{}) lies outside the string table", source, i,

@@ -74,6 +74,10 @@ std::vector<Malformed> malformed_cases() {
       "unsupported .colibri version 4294967295");
   add("version_0", [](Bytes& b) { put<std::uint32_t>(b, kVersionField, 0); }, "unsupported .colibri version 0");
   add("unknown_flags", [](Bytes& b) { put<std::uint32_t>(b, kFlagsField, 4); }, "unknown header flags 0x4");
+  add("reserved_nonzero", [](Bytes& b) { put<std::uint64_t>(b, kReservedField, 1); },
+      "reserved header field (offset 112) is 0x1, not 0");
+  add("directory_reserved_nonzero", [](Bytes& b) { put<std::uint32_t>(b, dir_at(b, 2, kEntryReservedField), 0x80); },
+      "tensor #2: reserved directory field (offset 60) is 0x80, not 0");
   add("tensor_count_2p63", [](Bytes& b) { put<std::uint64_t>(b, kTensorCountField, k2p63); },
       "tensor count 9223372036854775808 exceeds the limit");
   add("expert_count_2p63", [](Bytes& b) { put<std::uint64_t>(b, kExpertCountField, k2p63); },
@@ -263,7 +267,6 @@ TEST(ColibriCorpus, CommittedCorpusMatchesTheCases) {
   }
 }
 
-// A converted fixture (int8 Mixtral, 16 expert blocks) for the tests below.
 // RELIABILITY.md 1A, row 19: a FIFO, a device or a directory where a model
 // file should be is refused at once. Opening a FIFO for reading waits for a
 // writer, so a reader that opens before it checks would hang the server's
@@ -298,6 +301,7 @@ TEST(NonRegularFiles, AreRefusedWithoutBlocking) {
   EXPECT_EQ(small->size(), 4096u);
 }
 
+// A converted fixture (int8 Mixtral, 16 expert blocks) for the tests below.
 class ColibriFixture : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -34,7 +34,8 @@ inline constexpr std::size_t kVersionField = 8, kFlagsField = 12, kFileSizeField
 // Directory entry fields (offsets into one 64-byte entry).
 inline constexpr std::size_t kNameOffsetField = 0, kNameSizeField = 8, kFormatField = 12, kRankField = 13,
                              kGroupField = 14, kRowsField = 16, kColsField = 24, kTensorOffsetField = 32,
-                             kTensorSizeField = 40, kTensorChecksumField = 48, kSlotField = 56;
+                             kTensorSizeField = 40, kTensorChecksumField = 48, kSlotField = 56,
+                             kEntryReservedField = 60;
 // Expert index entry fields (offsets into one 32-byte entry).
 inline constexpr std::size_t kLayerField = 0, kExpertField = 4, kBlockOffsetField = 8, kBlockSizeField = 16,
                              kBlockChecksumField = 24;
