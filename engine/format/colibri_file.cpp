@@ -244,6 +244,16 @@ Result<ColibriImage> parse_colibri(std::span<const std::uint8_t> bytes, std::str
     if (!seen_names.insert(image.tensors.back().name).second)
       return make_error("{}: tensor '{}' appears twice in the directory", source, image.tensors.back().name);
   }
+  // A block no tensor lives in names an expert the model does not have (a
+  // stray (layer 99, expert 0) entry would otherwise load unnoticed, and an
+  // expert store would budget memory for it).
+  std::vector<bool> holds_tensor(image.experts.size(), false);
+  for (const auto& t : image.tensors)
+    if (t.expert_slot != cf::kNoExpertSlot) holds_tensor[t.expert_slot] = true;
+  for (std::size_t i = 0; i < image.experts.size(); ++i)
+    if (!holds_tensor[i])
+      return make_error("{}: expert block of layer {} expert {} holds no tensor", source, image.experts[i].layer,
+                        image.experts[i].expert);
   for (const auto& e : image.experts)
     top_level.push_back({e.offset, e.offset + e.size,
                          fmt::format("expert block of layer {} expert {}", e.layer, e.expert)});

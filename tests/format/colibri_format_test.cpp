@@ -184,6 +184,25 @@ std::vector<Malformed> malformed_cases() {
   // Expert index entries.
   add("duplicate_expert", [](Bytes& b) { put<std::uint32_t>(b, index_at(b, 1, kExpertField), 0); },
       "expert index lists layer 0 expert 0 twice");
+  // A third, well-formed block (its own aligned bytes, a valid checksum) for
+  // an expert no tensor belongs to.
+  add("expert_block_without_tensors",
+      [](Bytes& b) {
+        const auto count = get<std::uint64_t>(b, kExpertCountField);
+        const auto data_offset = get<std::uint64_t>(b, kDataOffsetField);
+        const std::uint64_t block = align_up(get<std::uint64_t>(b, kDataSizeField), 4096);
+        b.resize(data_offset + block + 4096, 0x5a);
+        put<std::uint64_t>(b, kDataSizeField, block + 4096);
+        put<std::uint64_t>(b, kFileSizeField, b.size());
+        put<std::uint64_t>(b, kExpertCountField, count + 1);
+        put<std::uint32_t>(b, index_at(b, count, kLayerField), 0);
+        put<std::uint32_t>(b, index_at(b, count, kExpertField), 7);
+        put<std::uint64_t>(b, index_at(b, count, kBlockOffsetField), block);
+        put<std::uint64_t>(b, index_at(b, count, kBlockSizeField), 4096);
+        put<std::uint64_t>(b, index_at(b, count, kBlockChecksumField),
+                           colibri_checksum({b.data() + data_offset + block, 4096}));
+      },
+      "expert block of layer 0 expert 7 holds no tensor");
   add("expert_block_outside_data",
       [](Bytes& b) { put<std::uint64_t>(b, index_at(b, 1, kBlockOffsetField), 8192); },
       "expert block of layer 0 expert 1 at [8192, +448) lies outside the data region of");
