@@ -54,6 +54,14 @@ for key in ["prefill_tokens_per_s", "decode_tokens_per_s", "ttft_ms", "peak_rss_
     need(isinstance(doc.get(key), (int, float)) and doc[key] > 0, key)
 lat = doc["decode_latency_ms"]
 need(0 < lat["p50"] <= lat["p95"] <= lat["p99"], "latency percentiles ordered")
+# Pooled over all 16 timed steps: the P99 is the slowest of them, so no
+# request's own percentile can exceed it, and the pooled median lies between
+# the requests' medians.
+need(lat["steps"] == 16, "pooled over every timed step")
+per_request = doc["decode_latency_per_request_ms"]
+need(0 < per_request["p50"] <= per_request["p99"] <= lat["p99"] + 1e-9, "per-request percentiles within the pooled")
+medians = [r["p50_ms"] for r in doc["per_request"]]
+need(min(medians) - 1e-9 <= lat["p50"] <= max(medians) + 1e-9, "pooled median between the requests' medians")
 # 2 requests of 8 steps; the unpreempted percentiles cover the steps no other
 # task interrupted (null only when every step was preempted).
 need(doc["decode_steps_timed"] == 16 and 0 <= doc["decode_steps_preempted"] <= 16, "preempted step count")
