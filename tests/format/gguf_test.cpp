@@ -761,7 +761,7 @@ std::vector<std::string> byte_level_alphabet() {
 // A 256-byte vocabulary plus "12" and "123" (merges "1 2", "12 3"), a control
 // token and an unused filler: how "1234" is split before BPE shows which
 // pre-tokenizer regex was chosen.
-Result<Tokenizer> tokenizer_for(const std::string& pre, bool add_bos) {
+Result<Tokenizer> tokenizer_for(const std::string& pre, bool add_bos, std::uint32_t eos_id = 258) {
   GgufBuilder b;
   auto tokens = byte_level_alphabet();
   tokens.push_back("12");
@@ -777,7 +777,7 @@ Result<Tokenizer> tokenizer_for(const std::string& pre, bool add_bos) {
   b.kv_i32s("tokenizer.ggml.token_type", types);
   b.kv_strings("tokenizer.ggml.merges", {"1 2", "12 3"});
   b.kv_u32("tokenizer.ggml.bos_token_id", 258);
-  b.kv_u32("tokenizer.ggml.eos_token_id", 258);
+  b.kv_u32("tokenizer.ggml.eos_token_id", eos_id);
   b.kv_bool("tokenizer.ggml.add_bos_token", add_bos);
   auto bytes = b.build();
   auto g = parse_gguf(bytes, "vocab.gguf");
@@ -826,6 +826,18 @@ TEST(GgufSynthesis, AddBosTokenIsHonoured) {
   auto ids = tokenizer->encode("12", {});
   ASSERT_TRUE(ids.ok()) << ids.error().message;
   EXPECT_EQ(*ids, (std::vector<std::int32_t>{258, 256}));
+}
+
+// RELIABILITY.md 1B, row 28: a special-token id past the vocabulary (a known
+// crafted-GGUF shape) is refused by name, not looked up.
+TEST(GgufSynthesis, SpecialTokenIdOutsideTheVocabularyIsRefused) {
+  auto tokenizer = tokenizer_for("gpt-2", false, 260);  // 260 tokens (ids 0-259): one past the end
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(tokenizer.error().message.find("tokenizer.ggml.eos_token_id = 260 is outside the 260-token vocabulary"),
+            std::string::npos)
+      << tokenizer.error().message;
+  EXPECT_FALSE(tokenizer_for("gpt-2", false, 0xFFFFFFFFu).ok());
+  EXPECT_TRUE(tokenizer_for("gpt-2", false, 259).ok());
 }
 
 TEST(GgufSynthesis, DenseArchitectureIsRefused) {
