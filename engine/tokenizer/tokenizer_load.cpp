@@ -61,6 +61,14 @@ Result<std::vector<AddedToken>> read_added_tokens(const Json& root, const std::s
     auto normalized = tokenizer_detail::read_bool(entry, "normalized", !token.special, where);
     if (!normalized.ok()) return normalized.error();
     token.normalized = *normalized;
+    // One id with two texts: which one does decoding give? A repeated entry
+    // (same id, same text) is harmless and kept once.
+    if (const auto same = std::find_if(tokens.begin(), tokens.end(), [&](const AddedToken& t) { return t.id == token.id; });
+        same != tokens.end()) {
+      if (same->content != token.content)
+        return make_error("{}: id {} is already the added token '{}'", where, token.id, same->content.substr(0, 64));
+      continue;
+    }
     if (!token.content.empty()) tokens.push_back(std::move(token));
   }
   return tokens;

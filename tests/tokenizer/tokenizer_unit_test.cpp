@@ -526,6 +526,19 @@ TEST(Errors, OddJsonShapesNeverThrow) {
   }
   auto r = Tokenizer::from_json(base.dump(), R"({"added_tokens_decoder": {"5": "x"}})", "odd");
   ASSERT_FALSE(r.ok());
+  // Two added tokens with one id and different texts are refused by name; the
+  // same entry twice is harmless.
+  {
+    json t = base;
+    t["added_tokens"] = json::array({{{"id", 0}, {"content", "<a>"}, {"special", true}},
+                                     {{"id", 0}, {"content", "<b>"}, {"special", true}}});
+    auto twice = Tokenizer::from_json(t.dump(), "", "odd");
+    ASSERT_FALSE(twice.ok());
+    EXPECT_NE(twice.error().message.find("added_tokens[1]: id 0 is already the added token '<a>'"), std::string::npos)
+        << twice.error().message;
+    t["added_tokens"][1]["content"] = "<a>";
+    EXPECT_TRUE(Tokenizer::from_json(t.dump(), "", "odd").ok());
+  }
   // One absurd id must not size the id table: refused by its value, before
   // any table is allocated (the id would otherwise cost ~50 GB of strings).
   for (const char* pointer : {"/model/vocab/a", "/added_tokens/0/id"}) {
