@@ -107,6 +107,10 @@ Result<std::vector<SafetensorsTensor>> parse_safetensors(std::span<const std::ui
                       header_len, image.size());
 
   auto header_text = std::string_view(reinterpret_cast<const char*>(image.data()) + 8, header_len);
+  // The format: the header starts with '{' (a JSON parser would skip leading
+  // whitespace; two readers must not disagree on where a header begins).
+  if (header_text.empty() || header_text.front() != '{')
+    return make_error("{}: header does not start with '{{'", source);
   // JSON parsers keep one of two equal keys silently, so a header naming a
   // tensor twice would load whichever entry this parser keeps; such a file
   // is refused instead (the safetensors format forbids it).
