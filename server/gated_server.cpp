@@ -40,6 +40,7 @@ int milliseconds_until(Clock::time_point deadline) {
 
 thread_local int serving_socket = -1;
 thread_local bool close_requested = false;
+thread_local bool write_timed_out = false;
 
 // Formats an address as cpp-httplib does (getnameinfo, numeric host).
 void address_of(const sockaddr_storage& address, socklen_t length, std::string& ip, int& port) {
@@ -97,7 +98,11 @@ class ConnectionStream : public httplib::Stream {
 
   ssize_t write(const char* ptr, size_t size) override {
     for (;;) {
-      if (!wait_for(POLLOUT, write_wait_ms())) return -1;
+      if (!wait_for(POLLOUT, write_wait_ms())) {
+        // Still connected but not reading: a slow client, not a gone one.
+        write_timed_out = !(poll_revents() & (POLLHUP | POLLERR));
+        return -1;
+      }
       const ssize_t n = send(fd_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return n;
     }
@@ -120,6 +125,10 @@ class ConnectionStream : public httplib::Stream {
  private:
   int write_wait_ms() const {
     return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(write_timeout_).count());
+  }
+  short poll_revents() const {
+    pollfd p{fd_, POLLOUT, 0};
+    return poll(&p, 1, 0) > 0 ? p.revents : 0;
   }
   bool wait_for(short events, int timeout_ms) const {
     pollfd p{fd_, events, 0};
@@ -355,6 +364,8 @@ int GatedServer::current_socket() { return serving_socket; }
 
 void GatedServer::close_after_response() { close_requested = true; }
 
+bool GatedServer::write_timed_out_now() { return write_timed_out; }
+
 // Runs on a worker for each accepted connection: served here if its request
 // is already whole (the usual case), else parked.
 bool GatedServer::process_and_close_socket(socket_t sock) {
@@ -385,6 +396,7 @@ void GatedServer::serve(int fd, int served, Clock::time_point deadline) {
     bool connection_closed = false;
     serving_socket = fd;
     close_requested = false;
+    write_timed_out = false;
     const bool ok = process_request(stream, last, connection_closed, nullptr);
     serving_socket = -1;
     ++served;

@@ -112,6 +112,9 @@ class GatedServer : public httplib::Server {
   // whatever keep-alive says: for a request refused before its body was read
   // (the unread bytes must not be parsed as the next request).
   static void close_after_response();
+  // Whether this thread's last failed write failed because the client read
+  // nothing for write_timeout_s while staying connected (a slow client).
+  static bool write_timed_out_now();
 
  private:
   class Queue;

@@ -92,6 +92,7 @@ struct StreamState {
   bool anthropic = false;        // Anthropic's event stream instead of OpenAI's chunks
   std::int32_t prompt_tokens = 0;
   std::int32_t tokens_produced = 0;  // taken from the channel so far
+  std::int64_t write_timeout_s = 0;  // for the slow-client log line
   bool role_sent = false;
   std::chrono::milliseconds poll{100};
 };
@@ -570,6 +571,7 @@ void HttpServer::install() {
       state->anthropic = anthropic;
       state->prompt_tokens = state->job.prompt_tokens;
       state->poll = poll;
+      state->write_timeout_s = service_.settings()->config.write_timeout_s;
       res.status = 200;
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");
@@ -582,7 +584,20 @@ void HttpServer::install() {
             } catch (...) {
             }
             // So the request's log line says why it ended short.
-            if (!written) state->record->client_gone(state->tokens_produced);
+            if (!written) {
+              // The generation may have ended already (a slow client is
+              // found by its full stream buffer first): its reason counts.
+              auto ended = state->channel->wait(std::chrono::milliseconds(0));
+              for (const StreamChunk& chunk : ended.chunks)
+                state->tokens_produced += static_cast<std::int32_t>(chunk.tokens.size());
+              if (ended.result) state->record->take(*ended.result);
+              const bool slow = GatedServer::write_timed_out_now();
+              if (slow)
+                spdlog::warn("HTTP {} {}: the client read nothing for {} s (write_timeout_s); the connection was "
+                             "dropped and the generation cancelled",
+                             state->record->endpoint, state->record->id, state->write_timeout_s);
+              state->record->client_gone(state->tokens_produced, slow ? Finish::SlowClient : Finish::Cancelled);
+            }
             return written;
           },
           [state](bool success) {

@@ -39,11 +39,13 @@ struct RequestRecord {
     completion_tokens = result.completion_tokens;
     finish = finish_name(result.finish);
   }
-  // The client went away before the generation's end reached it: the
-  // generation is cancelled, and the tokens it had produced are its count.
-  void client_gone(std::int32_t tokens_produced) {
+  // The client went away, or was dropped, before the generation's end reached
+  // it: the generation is cancelled, and the tokens it had produced are its count.
+  // `how`: Cancelled (it went away) or SlowClient (it stopped reading and
+  // the server dropped it after write_timeout_s).
+  void client_gone(std::int32_t tokens_produced, Finish how = Finish::Cancelled) {
     if (finish != "none") return;  // the end arrived first (take)
-    finish = finish_name(Finish::Cancelled);
+    finish = finish_name(how);
     completion_tokens = tokens_produced;
   }
   void log() const {

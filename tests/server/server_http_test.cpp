@@ -1170,5 +1170,52 @@ TEST(HttpListenTest, OversizedAndChunkedBodiesAreRefusedFromTheirHeaders) {
             200);
 }
 
+// RELIABILITY.md 1E, row 64: a client that stops reading but stays connected
+// costs one session for about a second, whichever limit finds it first: the
+// stream's buffer of stream_buffer_chunks, or a write blocked write_timeout_s.
+// Both are logged and counted as slow_client, not as a client that left.
+TEST(HttpListenTest, AClientThatStopsReadingIsDroppedAsASlowClient) {
+  for (const bool by_write_timeout : {false, true}) {
+    SCOPED_TRACE(by_write_timeout ? "write timeout" : "stream buffer");
+    std::vector<std::string> args = {"--grpc-port", "-1", "--context-length", "16384", "--max-tokens-limit", "16000",
+                                     "--write-timeout-s", "1"};
+    if (by_write_timeout) args.insert(args.end(), {"--stream-buffer-chunks", "1048576"});
+    std::string error;
+    auto server = ServerProcess::start(args, error);
+    ASSERT_NE(server, nullptr) << error;
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int small = 4096;  // a small window, so the server's writes block soon
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(server->port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+    // 20 alternatives per token make each event about a kilobyte.
+    const std::string body =
+        json{{"prompt", "x"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}, {"logprobs", 20}}.dump();
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    // Never read. The session must come back while the socket is still open.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_LT(seconds_until_idle(server->port(), 15), 10.0);
+    std::string log;
+    for (int wait = 0; wait < 60 && log.find("finish=slow_client") == std::string::npos; ++wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      log = server->log();
+    }
+    EXPECT_NE(log.find("finish=slow_client"), std::string::npos) << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
+    if (by_write_timeout)
+      EXPECT_NE(log.find("the client read nothing for 1 s (write_timeout_s)"), std::string::npos);
+    else
+      EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
+                             "colibri_generations_total{reason=\"slow_client\"}"),
+                1);
+    close(fd);
+    EXPECT_EQ(http_post(server->port(), "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 2}}).status, 200);
+  }
+}
+
 }  // namespace
 }  // namespace colibri::test
