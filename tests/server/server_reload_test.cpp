@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -196,6 +197,41 @@ TEST_F(ReloadTest, FileRenamedAwayOrDeletedKeepsServingUntilANewOneAppears) {
     fs::rename(moved, model_);  // for the next round and TearDown
     EXPECT_TRUE(eventually([&] { return checksum(port) == before; }));
   }
+}
+
+// RELIABILITY.md 1F, row 72: a new model copied over the served file in place,
+// slowly, is loaded once, whole, after the writes stop for watch_quiet_ms: no
+// attempt on the half-written file (no failed reload), and the copied model
+// serves throughout.
+TEST_F(ReloadTest, AModelWrittenInPlaceSlowlyIsLoadedOnceWhenTheWritesStop) {
+  std::string error;
+  auto server = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--model-memory", "copy",
+                                      "--watch-interval-ms", "100", "--watch-quiet-ms", "500", "--max-sessions", "4"},
+                                     error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  const std::string before = checksum(port);
+  const std::string source = [&] {
+    std::ifstream in(dir_ / "b.colibri", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  SteadyLoad load(port, 2);
+  {
+    std::ofstream out(model_, std::ios::binary | std::ios::trunc);
+    const std::size_t piece = source.size() / 8 + 1;
+    for (std::size_t at = 0; at < source.size(); at += piece) {
+      out.write(source.data() + at, static_cast<std::streamsize>(std::min(piece, source.size() - at)));
+      out.flush();
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));  // well inside the quiet period
+      EXPECT_EQ(checksum(port), before) << "loaded while still being written";
+    }
+  }
+  EXPECT_TRUE(eventually([&] { return checksum(port) != before && !checksum(port).empty(); }));
+  const std::string metrics = http_get(port, "/metrics").body;
+  EXPECT_EQ(metric_value(metrics, "colibri_reloads_total{result=\"failed\"}"), -1) << "a half-written file was tried";
+  EXPECT_EQ(metric_value(metrics, "colibri_reloads_total{result=\"ok\"}"), 1);
+  load.finish();
+  EXPECT_TRUE(load.failures.empty()) << load.failures.front();
 }
 
 TEST_F(ReloadTest, CorruptOrTruncatedReplacementKeepsTheOldModel) {
