@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <filesystem>
 #include <future>
 #include <fstream>
 #include <span>
@@ -1168,6 +1169,48 @@ TEST(HttpListenTest, OversizedAndChunkedBodiesAreRefusedFromTheirHeaders) {
                       {{"Authorization", "Bearer listen-key-1"}})
                 .status,
             200);
+}
+
+// RELIABILITY.md 1E, row 63: a model whose output is NaN (every lm_head weight
+// NaN here) fails each request with a clear 500, before a stream's first event
+// or inside it as an error event and [DONE], and the server stays up.
+TEST(HttpFaultTest, NanLogitsFailTheRequestClearlyAndTheServerStays) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("colibri-nan-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(fixture_dir(), dir, fs::copy_options::recursive);
+  fs::remove(dir / "model.gguf");  // the directory is read as a Hugging Face checkpoint
+  {
+    std::fstream file(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::uint64_t header_size = 0;
+    file.read(reinterpret_cast<char*>(&header_size), 8);
+    std::string header(header_size, '\0');
+    file.read(header.data(), static_cast<std::streamsize>(header_size));
+    const json entry = json::parse(header)["lm_head.weight"];
+    ASSERT_EQ(entry["dtype"], "BF16");
+    const auto begin = entry["data_offsets"][0].get<std::uint64_t>(), end = entry["data_offsets"][1].get<std::uint64_t>();
+    std::string nans;
+    for (std::uint64_t i = begin; i < end; i += 2) nans += std::string("\xC0\x7F", 2);  // bf16 quiet NaN
+    file.seekp(static_cast<std::streamoff>(8 + header_size + begin));
+    file.write(nans.data(), static_cast<std::streamsize>(nans.size()));
+  }
+  std::string error;
+  auto server = ServerProcess::start({"--model", dir.string(), "--grpc-port", "-1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  auto plain = http_post(port, "/v1/completions", json{{"prompt", "nan"}, {"max_tokens", 4}});
+  EXPECT_EQ(plain.status, 500) << plain.body;
+  EXPECT_NE(plain.body.find("every logit is NaN"), std::string::npos) << plain.body;
+  const SseResult stream =
+      http_stream(port, "/v1/completions", json{{"prompt", "nan"}, {"max_tokens", 4}, {"stream", true}});
+  EXPECT_EQ(stream.status, 200);
+  ASSERT_FALSE(stream.events.empty()) << stream.raw;
+  EXPECT_TRUE(stream.events.back().contains("error")) << stream.raw;
+  EXPECT_TRUE(stream.done) << stream.raw;
+  EXPECT_EQ(http_get(port, "/health").status, 200);
+  EXPECT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_generations_total{reason=\"error\"}"), 2);
+  server.reset();
+  fs::remove_all(dir);
 }
 
 // RELIABILITY.md 1E, row 64: a client that stops reading but stays connected
