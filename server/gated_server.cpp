@@ -4,10 +4,13 @@
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -177,15 +180,63 @@ ConnectionGate::~ConnectionGate() {
   if (epoll_ >= 0) close(epoll_);
 }
 
+namespace {
+
+// A body this small (with its headers) is waited for on the gate as well, so a
+// client that trickles it holds no worker either; a larger one is read by the
+// worker, within the request's deadline (read_timeout_s).
+constexpr std::size_t kGatedRequestBytes = 64 * 1024;
+
+// The value of header `name` (lower case) in `headers`, or an empty view.
+std::string_view header_value(std::string_view headers, std::string_view name) {
+  std::size_t at = 0;
+  while (at < headers.size()) {
+    std::size_t end = headers.find('\n', at);
+    if (end == std::string_view::npos) end = headers.size();
+    std::string_view line = headers.substr(at, end - at);
+    at = end + 1;
+    if (line.size() <= name.size() || line[name.size()] != ':') continue;
+    bool same = true;
+    for (std::size_t i = 0; i < name.size() && same; ++i)
+      same = static_cast<char>(std::tolower(static_cast<unsigned char>(line[i]))) == name[i];
+    if (!same) continue;
+    std::string_view value = line.substr(name.size() + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == '\r' || value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    return value;
+  }
+  return {};
+}
+
+}  // namespace
+
 ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
   char buffer[kHeaderPeekBytes];
   const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_PEEK | MSG_DONTWAIT);
   if (n == 0) return Headers::Closed;
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Headers::None : Headers::Closed;
   const std::string_view text(buffer, static_cast<std::size_t>(n));
-  if (text.find("\r\n\r\n") != std::string_view::npos || text.find("\n\n") != std::string_view::npos)
+  std::size_t end = text.find("\r\n\r\n");
+  if (end != std::string_view::npos) {
+    end += 4;
+  } else if ((end = text.find("\n\n")) != std::string_view::npos) {
+    end += 2;
+  } else {
+    return static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial;
+  }
+  // The body too, when it is small and its length known. Not for a client
+  // that waits for "100 Continue" before sending it (curl does above 1 KB):
+  // the worker answers that.
+  const std::string_view headers = text.substr(0, end);
+  const std::string_view length = header_value(headers, "content-length");
+  std::uint64_t body = 0;
+  if (length.empty() || !header_value(headers, "expect").empty()) return Headers::Complete;
+  const auto [ptr, ec] = std::from_chars(length.data(), length.data() + length.size(), body);
+  if (ec != std::errc() || ptr != length.data() + length.size() || body > kGatedRequestBytes - end)
     return Headers::Complete;
-  return static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial;
+  int available = 0;
+  if (ioctl(fd, FIONREAD, &available) != 0) return Headers::Complete;
+  return static_cast<std::uint64_t>(available) >= end + body ? Headers::Complete : Headers::Partial;
 }
 
 void ConnectionGate::refuse_large_headers(int fd) {

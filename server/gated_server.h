@@ -8,9 +8,10 @@
 // server answering anyone. Here a connection without a complete request line
 // and headers waits on one epoll thread (ConnectionGate) instead; a worker
 // takes it only once they are all in the socket buffer (at most 32 KB, else
-// 431). A request's line, headers and body must arrive within read_timeout_s
-// of its first byte (else 408 and close), and an idle keep-alive connection
-// waits keep_alive_timeout there, holding no thread.
+// 431), with a body of up to 64 KB in all. A request's line, headers and body
+// must arrive within read_timeout_s of its first byte (else 408 and close),
+// and an idle keep-alive connection waits keep_alive_timeout there, holding
+// no thread.
 #pragma once
 
 #include <httplib.h>
@@ -62,8 +63,11 @@ class ConnectionGate {
   std::shared_ptr<const Counts> counts() const { return counts_; }
 
   enum class Headers { Complete, Partial, None, Closed, TooLarge };
-  // What fd's receive buffer holds, without reading it. TooLarge: more than
-  // a request line and headers may take, and no end of them.
+  // What fd's receive buffer holds, without reading it. Complete: the request
+  // line and headers, and the body too when Content-Length declares one of
+  // at most 64 KB with them (larger bodies, and clients that expect
+  // "100 Continue", are read by the worker). TooLarge: more than a request
+  // line and headers may take, and no end of them.
   static Headers peek_headers(int fd);
 
  private:

@@ -1085,6 +1085,74 @@ TEST(HttpListenTest, SlowAndIdleClientsDoNotHoldTheWorkers) {
   EXPECT_EQ(metric_value(metrics, "colibri_http_connections_waiting"), 0);
 }
 
+// RELIABILITY.md 1G, row 83, for bodies: a body trickled in waits on the gate
+// as headers do (up to 64 KB with them), so slow uploads hold no worker; a
+// client that asks for "100 Continue" before sending its body still gets it.
+TEST(HttpListenTest, SlowBodiesDoNotHoldTheWorkers) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--http-threads", "4", "--read-timeout-s", "2"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const std::string body = json{{"prompt", std::string(1500, 'a')}, {"max_tokens", 2}}.dump();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  std::vector<int> slow;
+  for (int i = 0; i < 12; ++i) {
+    slow.push_back(connect_loopback(server->port()));
+    ASSERT_GE(slow.back(), 0);
+    const std::string start = head + body.substr(0, 10);
+    ASSERT_EQ(send(slow.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  }
+  std::atomic<bool> trickling{true};
+  std::thread trickle([&] {
+    for (std::size_t at = 10; trickling && at < body.size(); ++at) {
+      for (const int fd : slow) send(fd, body.data() + at, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  auto answered = http_post(server->port(), "/v1/completions", json{{"prompt", "quick"}, {"max_tokens", 2}});
+  EXPECT_EQ(answered.status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0)
+      << "12 slow uploads held the 4 workers";
+  for (const int fd : slow) {
+    const std::string got = read_until_closed(fd, 4000);
+    EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  }
+  trickling = false;
+  trickle.join();
+  for (const int fd : slow) close(fd);
+  EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
+                         "colibri_http_connections_refused_total{reason=\"request_timeout\"}"),
+            12);
+
+  // Expect: 100-continue (curl's way with bodies over 1 KB): the interim
+  // answer comes at once, then the body, then the response.
+  const int fd = connect_loopback(server->port());
+  ASSERT_GE(fd, 0);
+  const std::string expect = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             "Expect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(send(fd, expect.data(), expect.size(), MSG_NOSIGNAL), static_cast<ssize_t>(expect.size()));
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 800), 1) << "no 100 Continue";
+  char interim[64] = {};
+  const ssize_t n = recv(fd, interim, sizeof(interim) - 1, 0);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(interim).rfind("HTTP/1.1 100", 0), 0u) << interim;
+  ASSERT_EQ(send(fd, body.data(), body.size(), MSG_NOSIGNAL), static_cast<ssize_t>(body.size()));
+  std::string rest;
+  for (int i = 0; i < 100 && rest.find("\"choices\"") == std::string::npos; ++i) {
+    p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buffer[4096];
+    const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);
+    if (got <= 0) break;
+    rest.append(buffer, static_cast<std::size_t>(got));
+  }
+  close(fd);
+  EXPECT_NE(rest.find("HTTP/1.1 200"), std::string::npos) << rest.substr(0, 300);
+}
+
 // Keep-alive connections come back to the gate between requests and are
 // served again.
 TEST(HttpListenTest, KeepAliveConnectionsServeSeveralRequests) {
