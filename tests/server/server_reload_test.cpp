@@ -234,6 +234,33 @@ TEST_F(ReloadTest, AModelWrittenInPlaceSlowlyIsLoadedOnceWhenTheWritesStop) {
   EXPECT_TRUE(load.failures.empty()) << load.failures.front();
 }
 
+// RELIABILITY.md 1F, row 74: random bytes written into the served file in
+// place (`dd conv=notrunc`), mapped, same size: nothing faults, so the server
+// keeps answering (on weights that may now be wrong, as docs/SERVER.md says);
+// the watcher notices, the reload fails the file's checksums and is counted,
+// and nothing crashes.
+TEST_F(ReloadTest, BytesOverwrittenInPlaceInAMappedFileFailTheReloadAndNothingCrashes) {
+  auto server = start({"--model-memory", "map"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const auto size = fs::file_size(model_);
+  {
+    std::fstream file(model_, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size - size / 3));
+    std::string noise(4096, '\0');
+    for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = static_cast<char>(i * 131 + 7);
+    file.write(noise.data(), static_cast<std::streamsize>(noise.size()));
+  }
+  ASSERT_EQ(fs::file_size(model_), size);
+  EXPECT_TRUE(eventually([&] {
+    return metric_value(http_get(port, "/metrics").body, "colibri_reloads_total{result=\"failed\"}") >= 1;
+  }));
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "after dd"}, {"max_tokens", 4}}).status, 200);
+  EXPECT_EQ(http_get(port, "/health").status, 200);
+  EXPECT_EQ(http_get(port, "/ready").status, 200);
+  EXPECT_NE(server->log().find("checksum"), std::string::npos) << server->log();
+}
+
 TEST_F(ReloadTest, CorruptOrTruncatedReplacementKeepsTheOldModel) {
   auto server = start();
   ASSERT_NE(server, nullptr);
