@@ -317,26 +317,43 @@ TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
   EXPECT_EQ(config.body.find("test-key-123"), std::string::npos) << "the key must not be shown";
 }
 
+// A streaming client holding one session of `port`'s server until release(),
+// after which it disconnects at its next event.
+class SessionHolder {
+ public:
+  SessionHolder(int port, int max_tokens) : started_(first_event_.get_future()) {
+    stream_ = std::async(std::launch::async, [this, port, max_tokens] {
+      return http_stream(port, "/v1/completions",
+                         json{{"prompt", "hold"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", true}},
+                         [this](const json&) {
+                           if (!seen_.exchange(true)) first_event_.set_value();
+                           return !release_.load();
+                         });
+    });
+  }
+  ~SessionHolder() { release(); }
+  // Whether its first event came (it holds the session) within `limit`.
+  bool holding(std::chrono::seconds limit) { return started_.wait_for(limit) == std::future_status::ready; }
+  void release() {
+    release_ = true;
+    if (stream_.valid()) stream_.get();
+  }
+
+ private:
+  std::promise<void> first_event_;
+  std::future<void> started_;
+  std::atomic<bool> seen_{false}, release_{false};
+  std::future<SseResult> stream_;
+};
+
 TEST(AdmissionTest, FullQueueAnswers429WithRetryAfter) {
   std::string error;
   auto server = ServerProcess::start({"--grpc-port", "-1", "--max-sessions", "1", "--max-queue", "1"}, error);
   ASSERT_NE(server, nullptr) << error;
   const int port = server->port();
   // A holds the only session; B waits in the queue; C finds it full.
-  std::promise<void> holding;
-  auto held = holding.get_future();
-  std::atomic<bool> release{false};
-  auto a = std::async(std::launch::async, [&, promise = std::move(holding)]() mutable {
-    bool first = true;
-    return http_stream(port, "/v1/completions",
-                       json{{"prompt", "hold"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}},
-                       [&](const json&) {
-                         if (first) promise.set_value();
-                         first = false;
-                         return !release.load();
-                       });
-  });
-  ASSERT_EQ(held.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  SessionHolder a(port, 4000);
+  ASSERT_TRUE(a.holding(std::chrono::seconds(10)));
   auto b = std::async(std::launch::async, [&] {
     return http_post(port, "/v1/completions", json{{"prompt", "queued"}, {"max_tokens", 3}});
   });
@@ -349,8 +366,7 @@ TEST(AdmissionTest, FullQueueAnswers429WithRetryAfter) {
   auto retry = c.headers.find("Retry-After");
   ASSERT_NE(retry, c.headers.end());
   EXPECT_GE(std::atoi(retry->second.c_str()), 1);
-  release = true;  // A disconnects at its next event; B gets the session
-  a.get();
+  a.release();  // B gets the session
   auto b_result = b.get();
   EXPECT_EQ(b_result.status, 200) << b_result.body;
   EXPECT_GE(metric_value(http_get(port, "/metrics").body, "colibri_rejected_requests_total{reason=\"queue_full\"}"), 1);
@@ -368,20 +384,8 @@ TEST(AdmissionTest, QueueTimeoutAnswers503) {
                                      error);
   ASSERT_NE(server, nullptr) << error;
   const int port = server->port();
-  std::promise<void> holding;
-  auto held = holding.get_future();
-  std::atomic<bool> release{false};
-  auto a = std::async(std::launch::async, [&, promise = std::move(holding)]() mutable {
-    bool first = true;
-    return http_stream(port, "/v1/completions",
-                       json{{"prompt", "hold"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}},
-                       [&](const json&) {
-                         if (first) promise.set_value();
-                         first = false;
-                         return !release.load();
-                       });
-  });
-  ASSERT_EQ(held.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  SessionHolder a(port, 16000);
+  ASSERT_TRUE(a.holding(std::chrono::seconds(10)));
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streaming" : "not streaming");
     const auto start = std::chrono::steady_clock::now();
@@ -393,8 +397,7 @@ TEST(AdmissionTest, QueueTimeoutAnswers503) {
     EXPECT_GE(seconds, 0.25);
     EXPECT_LT(seconds, 5.0);
   }
-  release = true;
-  a.get();
+  a.release();
   EXPECT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_rejected_requests_total{reason=\"queue_timeout\"}"), 2);
   EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 3}}).status, 200);
 }

@@ -889,24 +889,36 @@ TEST_F(HttpServerTest, SigtermDrainsRunningStreamsThenExits) {
 // drain_timeout_s ends with an error event inside its stream (its headers
 // went out long before) and [DONE]; requests that arrive during the drain get
 // 503; the process still exits 0.
-TEST_F(HttpServerTest, DrainTimeoutEndsAStreamWithAnErrorEventAndRefusesNewWork) {
-  std::string error;
-  // 16000 tokens of one session, attention over a growing context: far more
-  // than the drain's second on any machine.
-  auto server = ServerProcess::start({"--grpc-port", "-1", "--drain-timeout-s", "1", "--context-length", "16384",
-                                      "--max-tokens-limit", "16000"},
-                                     error);
-  ASSERT_NE(server, nullptr) << error;
-  auto stream = std::async(std::launch::async, [&] {
-    return http_stream(server->port(), "/v1/completions",
+// The flags a server needs for long_stream().
+std::vector<std::string> with_room_for_long_streams(std::vector<std::string> flags) {
+  flags.insert(flags.end(), {"--context-length", "16384", "--max-tokens-limit", "16000"});
+  return flags;
+}
+
+// One streaming request of 16000 tokens, attention over a growing context:
+// far more than a drain test's seconds on any machine.
+std::future<SseResult> long_stream(int port) {
+  return std::async(std::launch::async, [port] {
+    return http_stream(port, "/v1/completions",
                        json{{"prompt", "drain"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}});
   });
-  bool admitted = false;
-  for (int wait = 0; wait < 100 && !admitted; ++wait) {
-    admitted = metric_value(http_get(server->port(), "/metrics").body, "colibri_active_sessions") == 1;
-    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// Whether /metrics shows `sessions` active within 2 s.
+bool active_sessions_reach(int port, double sessions) {
+  for (int wait = 0; wait < 100; ++wait) {
+    if (metric_value(http_get(port, "/metrics").body, "colibri_active_sessions") == sessions) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_TRUE(admitted);
+  return false;
+}
+
+TEST_F(HttpServerTest, DrainTimeoutEndsAStreamWithAnErrorEventAndRefusesNewWork) {
+  std::string error;
+  auto server = ServerProcess::start(with_room_for_long_streams({"--grpc-port", "-1", "--drain-timeout-s", "1"}), error);
+  ASSERT_NE(server, nullptr) << error;
+  auto stream = long_stream(server->port());
+  ASSERT_TRUE(active_sessions_reach(server->port(), 1));
   const auto signalled = std::chrono::steady_clock::now();
   kill(server->pid(), SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -929,20 +941,10 @@ TEST_F(HttpServerTest, DrainTimeoutEndsAStreamWithAnErrorEventAndRefusesNewWork)
 // the drain: the second SIGTERM ends the process at once with 128 + 15.
 TEST_F(HttpServerTest, ASecondSigtermEndsTheDrainAtOnce) {
   std::string error;
-  auto server = ServerProcess::start({"--grpc-port", "-1", "--drain-timeout-s", "60", "--context-length", "16384",
-                                      "--max-tokens-limit", "16000"},
-                                     error);
+  auto server = ServerProcess::start(with_room_for_long_streams({"--grpc-port", "-1", "--drain-timeout-s", "60"}), error);
   ASSERT_NE(server, nullptr) << error;
-  auto stream = std::async(std::launch::async, [&] {
-    return http_stream(server->port(), "/v1/completions",
-                       json{{"prompt", "drain"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}});
-  });
-  bool admitted = false;
-  for (int wait = 0; wait < 100 && !admitted; ++wait) {
-    admitted = metric_value(http_get(server->port(), "/metrics").body, "colibri_active_sessions") == 1;
-    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(admitted);
+  auto stream = long_stream(server->port());
+  ASSERT_TRUE(active_sessions_reach(server->port(), 1));
   kill(server->pid(), SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(http_get(server->port(), "/ready").status, 503);  // draining, not gone
@@ -957,9 +959,11 @@ TEST_F(HttpServerTest, ASecondSigtermEndsTheDrainAtOnce) {
 }
 
 // A TCP connection to 127.0.0.1:port; -1 if it fails. Non-blocking: the
-// handshake may still be under way (connect's EINPROGRESS).
-int connect_loopback(int port, bool nonblocking = false) {
+// handshake may still be under way (connect's EINPROGRESS). A receive buffer
+// (bytes, before connecting) bounds the window the server may fill.
+int connect_loopback(int port, bool nonblocking = false, int receive_buffer = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  if (fd >= 0 && receive_buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<std::uint16_t>(port));
@@ -1294,14 +1298,8 @@ TEST(HttpListenTest, AClientThatStopsReadingIsDroppedAsASlowClient) {
     std::string error;
     auto server = ServerProcess::start(args, error);
     ASSERT_NE(server, nullptr) << error;
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const int small = 4096;  // a small window, so the server's writes block soon
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<std::uint16_t>(server->port()));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+    const int fd = connect_loopback(server->port(), false, 4096);  // a small window: the server's writes block soon
+    ASSERT_GE(fd, 0);
     // 20 alternatives per token make each event about a kilobyte.
     const std::string body =
         json{{"prompt", "x"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}, {"logprobs", 20}}.dump();

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/system_memory.h"
 #include "model/model.h"
 #include "server_harness.h"
 
@@ -554,19 +555,8 @@ TEST_F(ReloadTest, InvalidRoutingOptionsRefuseToStartNamingThem) {
 // keys to lower; on a reload the old model keeps serving and the caller gets
 // 503 insufficient_memory. 1024 sessions of 40960 positions of this fixture's
 // f32 cache are 40 GiB.
-std::uint64_t mem_available_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  while (meminfo >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024;
-    meminfo.ignore(256, '\n');
-  }
-  return 0;
-}
-
 TEST_F(ReloadTest, KvCachesBeyondMemoryAreRefusedAtStartAndOnReload) {
-  if (mem_available_bytes() > (std::uint64_t{36} << 30)) GTEST_SKIP() << "this machine could hold 40 GiB of KV cache";
+  if (available_memory() > (std::uint64_t{36} << 30)) GTEST_SKIP() << "this machine could hold 40 GiB of KV cache";
   std::string error;
   auto refused = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--max-sessions", "1024",
                                        "--context-length", "40960"},
