@@ -8,6 +8,7 @@
 # them streaming (its first event must arrive long before its end: no
 # buffering); then one instance is killed and requests must still succeed.
 set -euo pipefail
+source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
 data_dir=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,12 +49,7 @@ start_instance() {  # start_instance N CPU
     --max-sessions 2 --context-length 1024 --compute-cores "$cpu" --watch-model off \
     > "$work/instance$n.out" 2> "$work/instance$n.log" &
   pids+=($!)
-  for _ in $(seq 100); do
-    started_port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$work/instance$n.out")
-    [[ -n $started_port ]] && return 0
-    sleep 0.1
-  done
-  fail "instance $n did not start"
+  started_port=$(wait_for_port "$work/instance$n.out") || fail "instance $n did not start"
 }
 # (Not in $(...): the pids and groups must be recorded in this shell.)
 start_instance 1 "$cpu1"

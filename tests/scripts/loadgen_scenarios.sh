@@ -9,6 +9,7 @@
 # Then the check itself must fail against a stub server whose /metrics still
 # shows a busy session, or it could pass without looking.
 set -euo pipefail
+source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
 data_dir=$2
 server=$build_dir/server/colibri-server
@@ -30,13 +31,7 @@ fail() {
 "$server" --model "$data_dir/fixtures/qwen3moe-tiny" --port 0 --grpc-port -1 --max-sessions 2 \
   --context-length 1024 --watch-model off > "$work/server.out" 2> "$work/server.log" &
 pids+=($!)
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$work/server.out")
-  [[ -n $port ]] && break
-  sleep 0.1
-done
-[[ -n $port ]] || fail "the server did not start"
+port=$(wait_for_port "$work/server.out") || fail "the server did not start"
 url=http://127.0.0.1:$port
 
 # 1. Sweep: 1 and 4 clients on 2 sessions, lengths 4-300 in and 2-40 out.

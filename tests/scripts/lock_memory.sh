@@ -5,6 +5,7 @@
 # (here a checkpoint converted at load) are locked, as VmLck shows through
 # colibri_process_locked_memory_bytes.
 set -euo pipefail
+source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
 data_dir=$(cd "$2" && pwd)
 server=$build_dir/server/colibri-server
@@ -31,13 +32,7 @@ start() {
   "$@" "$server" --model "$work/model" --port 0 --grpc-port -1 --lock-memory true --watch-model off \
     > "$work/server.out" 2> "$work/server.log" &
   pid=$!
-  port=
-  for _ in $(seq 100); do
-    port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$work/server.out")
-    [[ -n $port ]] && break
-    sleep 0.1
-  done
-  [[ -n $port ]] || fail "the server did not start under: $*"
+  port=$(wait_for_port "$work/server.out") || fail "the server did not start under: $*"
 }
 stop() {
   kill "$pid"

@@ -6,6 +6,7 @@
 # The clients are pinned in that folder's package-lock.json and installed by
 # scripts/install-deps.sh (npm ci).
 set -euo pipefail
+source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
 data_dir=$2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,13 +29,7 @@ echo "client-test-key" > "$work/key"
 "$server" --model "$data_dir/fixtures/qwen3moe-tiny" --port 0 --grpc-port -1 --max-sessions 2 \
   --context-length 1024 --api-key-file "$work/key" --watch-model off > "$work/server.out" 2> "$work/server.log" &
 pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$work/server.out")
-  [[ -n $port ]] && break
-  sleep 0.1
-done
-[[ -n $port ]] || { echo "FAIL node_clients: the server did not start" >&2; tail -20 "$work/server.log" >&2; exit 1; }
+port=$(wait_for_port "$work/server.out") || { echo "FAIL node_clients: the server did not start" >&2; tail -20 "$work/server.log" >&2; exit 1; }
 for test in openai_test.mjs anthropic_test.mjs; do
   if ! node "$client_dir/$test" "http://127.0.0.1:$port" client-test-key; then
     echo "FAIL node_clients: $test; --- server log" >&2
