@@ -80,9 +80,9 @@ int main(int argc, char** argv) {
   SystemdNotifier notifier;
   Metrics metrics;
   metrics.add_renderer([](std::string& out) {
-    prometheus_header(out, "colibri_log_file_errors_total",
-                      "Writes or flushes of log_file that failed (a full disk): log lines were lost.", "counter");
-    out += fmt::format("colibri_log_file_errors_total {}\n", logging::file_errors());
+    prometheus_scalar(out, "colibri_log_file_errors_total",
+                      "Writes or flushes of log_file that failed (a full disk): log lines were lost.", "counter",
+                      static_cast<double>(logging::file_errors()));
   });
   Service service(std::move(outcome.loaded), metrics);
   ModelHost host(service, metrics, notifier,

@@ -126,6 +126,12 @@ void prometheus_header(std::string& out, std::string_view name, std::string_view
   header(out, name, help, type);
 }
 
+void prometheus_scalar(std::string& out, std::string_view name, std::string_view help, std::string_view type,
+                       double value) {
+  header(out, name, help, type);
+  out += fmt::format("{} {}\n", name, prometheus_number(value));
+}
+
 Metrics::Metrics() = default;
 
 void Metrics::add_gauge(std::string name, std::string help, std::function<double()> read) {
@@ -149,10 +155,7 @@ std::string Metrics::render() const {
   out += fmt::format("colibri_generated_tokens_total {}\n", generated_tokens.value());
   header(out, "colibri_scheduler_steps_total", "Scheduler steps (one token for every active session).", "counter");
   out += fmt::format("colibri_scheduler_steps_total {}\n", scheduler_steps.value());
-  for (const Gauge& gauge : gauges_) {
-    header(out, gauge.name, gauge.help, "gauge");
-    out += fmt::format("{} {}\n", gauge.name, prometheus_number(gauge.read()));
-  }
+  for (const Gauge& gauge : gauges_) prometheus_scalar(out, gauge.name, gauge.help, "gauge", gauge.read());
   time_to_first_token.render(out);
   inter_token_latency.render(out);
   request_duration.render(out);
@@ -205,25 +208,22 @@ void render_expert_store(const ExpertStore& store, std::string& out) {
       }
   }
   const ExpertStoreTotals& t = stats.totals;
-  auto scalar = [&out](const char* name, const char* help, const char* type, double value) {
-    header(out, name, help, type);
-    out += fmt::format("{} {}\n", name, prometheus_number(value));
-  };
-  scalar("colibri_expert_cache_evictions_total", "Experts evicted to make room.", "counter",
-         static_cast<double>(t.evictions));
-  scalar("colibri_expert_cache_prefetch_issued_total", "Expert reads queued ahead of use.", "counter",
-         static_cast<double>(t.prefetch_issued));
-  scalar("colibri_expert_cache_prefetch_wasted_total", "Prefetched experts evicted before any use.", "counter",
-         static_cast<double>(t.prefetch_wasted));
-  scalar("colibri_expert_cache_preload_bytes_total",
-         "Bytes of experts read when the store opened (expert_cache_preload), before any request.", "counter",
-         static_cast<double>(t.preload_bytes));
-  scalar("colibri_expert_cache_preload_seconds", "How long the preload at open took.", "gauge",
-         static_cast<double>(t.preload_ns) / 1e9);
-  scalar("colibri_expert_cache_resident_experts", "Experts resident or being read now.", "gauge",
-         static_cast<double>(t.resident));
-  scalar("colibri_expert_cache_budget_bytes", "Bytes of expert slots (expert_cache_mb, in whole slots).", "gauge",
-         static_cast<double>(stats.slot_count * stats.slot_bytes));
+  prometheus_scalar(out, "colibri_expert_cache_evictions_total", "Experts evicted to make room.", "counter",
+                    static_cast<double>(t.evictions));
+  prometheus_scalar(out, "colibri_expert_cache_prefetch_issued_total", "Expert reads queued ahead of use.", "counter",
+                    static_cast<double>(t.prefetch_issued));
+  prometheus_scalar(out, "colibri_expert_cache_prefetch_wasted_total", "Prefetched experts evicted before any use.",
+                    "counter", static_cast<double>(t.prefetch_wasted));
+  prometheus_scalar(out, "colibri_expert_cache_preload_bytes_total",
+                    "Bytes of experts read when the store opened (expert_cache_preload), before any request.",
+                    "counter", static_cast<double>(t.preload_bytes));
+  prometheus_scalar(out, "colibri_expert_cache_preload_seconds", "How long the preload at open took.", "gauge",
+                    static_cast<double>(t.preload_ns) / 1e9);
+  prometheus_scalar(out, "colibri_expert_cache_resident_experts", "Experts resident or being read now.", "gauge",
+                    static_cast<double>(t.resident));
+  prometheus_scalar(out, "colibri_expert_cache_budget_bytes",
+                    "Bytes of expert slots (expert_cache_mb, in whole slots).", "gauge",
+                    static_cast<double>(stats.slot_count * stats.slot_bytes));
 }
 
 }  // namespace colibri::server

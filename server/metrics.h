@@ -170,5 +170,8 @@ std::string prometheus_escape(std::string_view text, bool is_label);
 void prometheus_header(std::string& out, std::string_view name, std::string_view help, std::string_view type);
 // Formats a sample value ("+Inf", "NaN", shortest round-trip decimal otherwise).
 std::string prometheus_number(double value);
+// One unlabelled sample with its HELP and TYPE lines.
+void prometheus_scalar(std::string& out, std::string_view name, std::string_view help, std::string_view type,
+                       double value);
 
 }  // namespace colibri::server

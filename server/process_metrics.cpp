@@ -9,8 +9,6 @@
 #include <sstream>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "metrics.h"
 
 namespace colibri::server {
@@ -104,8 +102,9 @@ std::optional<ProcessFigures> read_process_figures() {
   const std::string stat = read_text("/proc/self/stat");
   const long ticks = sysconf(_SC_CLK_TCK);
   const long page = sysconf(_SC_PAGESIZE);
+  static const double boot_time = boot_time_seconds();  // fixed while the machine runs
   auto figures = parse_proc_stat(stat, static_cast<double>(ticks), page > 0 ? static_cast<std::uint64_t>(page) : 4096,
-                                 boot_time_seconds());
+                                 boot_time);
   if (!figures) return std::nullopt;
   figures->open_fds = count_open_fds();
   rlimit limit{};
@@ -115,30 +114,27 @@ std::optional<ProcessFigures> read_process_figures() {
 }
 
 void render_process_metrics(const ProcessFigures& figures, std::string& out) {
-  auto write = [&](std::string_view name, std::string_view help, std::string_view type, double value) {
-    prometheus_header(out, name, help, type);
-    out += fmt::format("{} {}\n", name, prometheus_number(value));
-  };
-  write("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", "counter",
-        figures.cpu_seconds);
-  write("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge",
-        static_cast<double>(figures.resident_bytes));
-  write("process_virtual_memory_bytes", "Virtual memory size in bytes.", "gauge",
-        static_cast<double>(figures.virtual_bytes));
-  write("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", "gauge",
-        figures.start_time_seconds);
-  write("process_open_fds", "Number of open file descriptors.", "gauge", static_cast<double>(figures.open_fds));
+  prometheus_scalar(out, "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", "counter",
+                    figures.cpu_seconds);
+  prometheus_scalar(out, "process_resident_memory_bytes", "Resident memory size in bytes.", "gauge",
+                    static_cast<double>(figures.resident_bytes));
+  prometheus_scalar(out, "process_virtual_memory_bytes", "Virtual memory size in bytes.", "gauge",
+                    static_cast<double>(figures.virtual_bytes));
+  prometheus_scalar(out, "process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                    "gauge", figures.start_time_seconds);
+  prometheus_scalar(out, "process_open_fds", "Number of open file descriptors.", "gauge",
+                    static_cast<double>(figures.open_fds));
   if (figures.max_fds > 0)
-    write("process_max_fds", "Maximum number of open file descriptors.", "gauge",
-          static_cast<double>(figures.max_fds));
-  write("colibri_process_threads", "Threads of the process (HTTP, gRPC, compute team, loaders).", "gauge",
-        static_cast<double>(figures.threads));
-  write("colibri_process_locked_memory_bytes",
-        "Memory locked with mlock (VmLck): the weights when lock_memory is on.", "gauge",
-        static_cast<double>(figures.locked_bytes));
-  write("colibri_process_major_page_faults_total",
-        "Page faults that read from disk: weights or experts paged in from the model file.", "counter",
-        static_cast<double>(figures.major_page_faults));
+    prometheus_scalar(out, "process_max_fds", "Maximum number of open file descriptors.", "gauge",
+                      static_cast<double>(figures.max_fds));
+  prometheus_scalar(out, "colibri_process_threads", "Threads of the process (HTTP, gRPC, compute team, loaders).",
+                    "gauge", static_cast<double>(figures.threads));
+  prometheus_scalar(out, "colibri_process_locked_memory_bytes",
+                    "Memory locked with mlock (VmLck): the weights when lock_memory is on.", "gauge",
+                    static_cast<double>(figures.locked_bytes));
+  prometheus_scalar(out, "colibri_process_major_page_faults_total",
+                    "Page faults that read from disk: weights or experts paged in from the model file.", "counter",
+                    static_cast<double>(figures.major_page_faults));
 }
 
 }  // namespace colibri::server
