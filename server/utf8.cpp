@@ -1,5 +1,7 @@
 #include "utf8.h"
 
+#include "tokenizer/unicode.h"
+
 namespace colibri::server {
 
 namespace {
@@ -8,30 +10,15 @@ namespace {
 // (1..4 when it is complete and valid), or the negated length of its maximal
 // ill-formed subpart (at least 1) otherwise. Table 3-7 of the Unicode standard.
 int sequence_at(std::string_view bytes, std::size_t pos) {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(bytes[i]); };
-  const unsigned char lead = byte(pos);
-  if (lead < 0x80) return 1;
-  int length = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) lo = 0xA0;  // no overlongs
-    if (lead == 0xED) hi = 0x9F;  // no surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) lo = 0x90;  // no overlongs
-    if (lead == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return -1;
-  }
+  const auto lead = tokenizer_detail::utf8_lead(static_cast<unsigned char>(bytes[pos]));
+  if (lead.continuation < 0) return -1;
+  const int length = lead.continuation + 1;
   for (int i = 1; i < length; ++i) {
     const std::size_t at = pos + static_cast<std::size_t>(i);
     if (at >= bytes.size()) return -i;
-    const unsigned char b = byte(at);
-    const unsigned char min = i == 1 ? lo : 0x80;
-    const unsigned char max = i == 1 ? hi : 0xBF;
+    const auto b = static_cast<unsigned char>(bytes[at]);
+    const unsigned char min = i == 1 ? lead.second_low : 0x80;
+    const unsigned char max = i == 1 ? lead.second_high : 0xBF;
     if (b < min || b > max) return -i;
   }
   return length;

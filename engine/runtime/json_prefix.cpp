@@ -1,6 +1,7 @@
 #include "runtime/json_prefix.h"
 
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 #include <algorithm>
 #include <limits>
@@ -207,21 +208,12 @@ bool JsonPrefix::step(unsigned char byte) {
 // A multi-byte character's lead byte: how many continuation bytes follow and
 // the range of the first (Unicode's table of well-formed UTF-8 sequences).
 bool JsonPrefix::begin_utf8(unsigned char byte) {
-  utf8_low_ = 0x80;
-  utf8_high_ = 0xBF;
-  if (byte >= 0xC2 && byte <= 0xDF) {
-    utf8_pending_ = 1;
-  } else if (byte >= 0xE0 && byte <= 0xEF) {
-    utf8_pending_ = 2;
-    if (byte == 0xE0) utf8_low_ = 0xA0;   // no overlongs
-    if (byte == 0xED) utf8_high_ = 0x9F;  // no surrogates
-  } else if (byte >= 0xF0 && byte <= 0xF4) {
-    utf8_pending_ = 3;
-    if (byte == 0xF0) utf8_low_ = 0x90;
-    if (byte == 0xF4) utf8_high_ = 0x8F;  // nothing past U+10FFFF
-  } else {
-    return false;  // a continuation byte, an overlong lead or past U+10FFFF
-  }
+  const auto lead = tokenizer_detail::utf8_lead(byte);
+  // Not a lead: a continuation byte, an overlong lead or one past U+10FFFF.
+  if (lead.continuation <= 0) return false;
+  utf8_pending_ = static_cast<std::uint8_t>(lead.continuation);
+  utf8_low_ = lead.second_low;
+  utf8_high_ = lead.second_high;
   return true;
 }
 

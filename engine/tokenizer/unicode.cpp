@@ -63,45 +63,20 @@ enum class Step { kValid, kInvalid, kIncomplete };
 // Examines the sequence at bytes[pos]; sets `length` to the bytes it covers (the
 // maximal subpart when invalid).
 Step examine(std::string_view bytes, std::size_t pos, std::size_t& length) {
-  const auto b = static_cast<unsigned char>(bytes[pos]);
-  if (b < 0x80) {
+  const Utf8Lead lead = utf8_lead(static_cast<unsigned char>(bytes[pos]));
+  if (lead.continuation <= 0) {
     length = 1;
-    return Step::kValid;
-  }
-  std::size_t need = 0;
-  unsigned char lower = 0x80;
-  unsigned char upper = 0xBF;
-  if (b >= 0xC2 && b <= 0xDF) {
-    need = 1;
-  } else if (b == 0xE0) {
-    need = 2;
-    lower = 0xA0;
-  } else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) {
-    need = 2;
-  } else if (b == 0xED) {
-    need = 2;
-    upper = 0x9F;
-  } else if (b == 0xF0) {
-    need = 3;
-    lower = 0x90;
-  } else if (b >= 0xF1 && b <= 0xF3) {
-    need = 3;
-  } else if (b == 0xF4) {
-    need = 3;
-    upper = 0x8F;
-  } else {
-    length = 1;
-    return Step::kInvalid;
+    return lead.continuation == 0 ? Step::kValid : Step::kInvalid;
   }
   std::size_t j = pos + 1;
-  for (std::size_t k = 0; k < need; ++k, ++j) {
+  for (int k = 0; k < lead.continuation; ++k, ++j) {
     if (j >= bytes.size()) {
       length = j - pos;
       return Step::kIncomplete;
     }
     const auto c = static_cast<unsigned char>(bytes[j]);
-    const unsigned char lo = k == 0 ? lower : 0x80;
-    const unsigned char hi = k == 0 ? upper : 0xBF;
+    const unsigned char lo = k == 0 ? lead.second_low : 0x80;
+    const unsigned char hi = k == 0 ? lead.second_high : 0xBF;
     if (c < lo || c > hi) {
       length = j - pos;
       return Step::kInvalid;

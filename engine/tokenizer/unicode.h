@@ -19,6 +19,27 @@ char32_t next_code_point(std::string_view text, std::size_t& pos);
 std::size_t utf8_sequence_length(unsigned char lead);
 void append_utf8(std::string& out, char32_t cp);
 
+// What a byte starts in well-formed UTF-8 (Table 3-7 of the Unicode standard):
+// `continuation` bytes follow (0 for ASCII, -1: not a lead byte at all), and
+// the first of them lies in [second_low, second_high], narrower after E0, ED,
+// F0 and F4 so that no overlong form, surrogate or code point past U+10FFFF
+// passes. Every UTF-8 check here reads its table from this one.
+struct Utf8Lead {
+  int continuation;
+  unsigned char second_low, second_high;
+};
+constexpr Utf8Lead utf8_lead(unsigned char byte) {
+  if (byte < 0x80) return {0, 0, 0};
+  if (byte >= 0xC2 && byte <= 0xDF) return {1, 0x80, 0xBF};
+  if (byte == 0xE0) return {2, 0xA0, 0xBF};
+  if (byte == 0xED) return {2, 0x80, 0x9F};
+  if (byte >= 0xE1 && byte <= 0xEF) return {2, 0x80, 0xBF};
+  if (byte == 0xF0) return {3, 0x90, 0xBF};
+  if (byte == 0xF4) return {3, 0x80, 0x8F};
+  if (byte >= 0xF1 && byte <= 0xF3) return {3, 0x80, 0xBF};
+  return {-1, 0, 0};
+}
+
 // Offset of the first byte that is not part of valid UTF-8, or npos if all valid.
 std::size_t find_invalid_utf8(std::string_view bytes);
 
