@@ -312,16 +312,17 @@ void HttpServer::install() {
     current_record.reset();
     const auto snapshot = service_.settings();
     const Config& c = snapshot->config;
-    // cpp-httplib 0.11 enforces the body limit only for Content-Length bodies;
-    // a chunked upload could grow without bound, so it is refused.
     // Refusals here come before the body is read: the connection is closed
     // after the answer, or the body's bytes would be parsed as the next request.
-    auto refuse = [&res](const ApiError& error) {
+    auto refuse = [&res](const ApiError& error, bool anthropic_shape = false) {
+      if (anthropic_shape) send_anthropic_error(res, error);
+      else send_error(res, error);
       res.set_header("Connection", "close");
       GatedServer::close_after_response();
-      send_error(res, error);
       return httplib::Server::HandlerResponse::Handled;
     };
+    // cpp-httplib 0.11 enforces the body limit only for Content-Length bodies;
+    // a chunked upload could grow without bound, so it is refused.
     if (req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos)
       return refuse(ApiError{411, "invalid_request_error", "chunked request bodies are not accepted; send Content-Length",
                              "", "length_required"});
@@ -354,13 +355,7 @@ void HttpServer::install() {
           req.has_header("Authorization") || req.has_header("x-api-key")
               ? "the API key is not valid"
               : "this server needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
-      if (req.path.rfind("/v1/messages", 0) == 0) send_anthropic_error(res, error);
-      else send_error(res, error);
-      // The body was not read: on a kept-alive connection its bytes would be
-      // parsed as the next request.
-      res.set_header("Connection", "close");
-      GatedServer::close_after_response();
-      return httplib::Server::HandlerResponse::Handled;
+      return refuse(error, req.path.rfind("/v1/messages", 0) == 0);
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
