@@ -7,16 +7,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/file_handle.h"
+
 namespace colibri {
 
 Result<std::string> read_text_file(const std::filesystem::path& path, std::uint64_t max_bytes) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return make_error("{}: cannot open: {}", path.string(), std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const FileHandle file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!file.valid()) return make_error("{}: cannot open: {}", path.string(), std::strerror(errno));
+  const int fd = file.get();
   struct stat st {};
   if (::fstat(fd, &st) != 0) return make_error("{}: cannot stat: {}", path.string(), std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return make_error("{}: not a regular file", path.string());

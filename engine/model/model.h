@@ -13,7 +13,7 @@
 
 #include "core/mapped_file.h"
 #include "core/result.h"
-#include "model/file_handle.h"
+#include "core/file_handle.h"
 #include "model/model_config.h"
 #include "model/tensor_source.h"
 #include "model/weights.h"

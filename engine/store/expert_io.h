@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/result.h"
-#include "model/file_handle.h"
+#include "core/file_handle.h"
 
 namespace colibri::expert_io {
 

@@ -30,7 +30,7 @@
 
 #include "core/arena.h"
 #include "core/result.h"
-#include "model/file_handle.h"
+#include "core/file_handle.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "store/loader_queue.h"
