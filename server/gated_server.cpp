@@ -229,6 +229,11 @@ ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
   // the worker answers that.
   const std::string_view headers = text.substr(0, end);
   const std::string_view length = header_value(headers, "content-length");
+  if (length.empty() && header_value(headers, "transfer-encoding").empty()) {
+    const std::string_view method = headers.substr(0, headers.find(' '));
+    if (method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE")
+      return Headers::LengthRequired;
+  }
   std::uint64_t body = 0;
   if (length.empty() || !header_value(headers, "expect").empty()) return Headers::Complete;
   const auto [ptr, ec] = std::from_chars(length.data(), length.data() + length.size(), body);
@@ -245,11 +250,18 @@ void ConnectionGate::refuse_large_headers(int fd) {
          "headers_too_large");
 }
 
+void ConnectionGate::refuse_unknown_length(int fd) {
+  counts_->length_required.fetch_add(1, std::memory_order_relaxed);
+  refuse(fd, 411, "Length Required",
+         "the request has no Content-Length: send one, 0 for an empty body (curl: -d '')", "length_required");
+}
+
 void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout) {
   const Headers now = peek_headers(fd);
   if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout);
   if (now == Headers::Closed || stopping_) return close_connection(fd);
   if (now == Headers::TooLarge) return refuse_large_headers(fd);
+  if (now == Headers::LengthRequired) return refuse_unknown_length(fd);
   {
     std::lock_guard lock(mutex_);
     // stop() sets stopping_ before it takes the lock to close what waits.
@@ -323,6 +335,7 @@ void ConnectionGate::check(int fd) {
   }
   if (headers == Headers::Closed) return close_connection(fd);
   if (headers == Headers::TooLarge) return refuse_large_headers(fd);
+  if (headers == Headers::LengthRequired) return refuse_unknown_length(fd);
   ready_(fd, w.served, w.started ? w.request_deadline : Clock::now() + w.request_timeout);
 }
 

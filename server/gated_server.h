@@ -44,6 +44,7 @@ class ConnectionGate {
     std::atomic<std::uint64_t> request_timeout{0};    // 408: a request begun and not finished in time
     std::atomic<std::uint64_t> idle{0};               // closed silent: nothing sent in time
     std::atomic<std::uint64_t> headers_too_large{0};  // 431
+    std::atomic<std::uint64_t> length_required{0};    // 411: a body of no declared length
     std::atomic<std::uint64_t> too_many_waiting{0};   // closed at once: kMaxWaiting reached
   };
 
@@ -60,14 +61,19 @@ class ConnectionGate {
   void stop();
   // Answers 431 and closes fd.
   void refuse_large_headers(int fd);
+  // Answers 411 and closes fd.
+  void refuse_unknown_length(int fd);
   std::shared_ptr<const Counts> counts() const { return counts_; }
 
-  enum class Headers { Complete, Partial, None, Closed, TooLarge };
+  enum class Headers { Complete, Partial, None, Closed, TooLarge, LengthRequired };
   // What fd's receive buffer holds, without reading it. Complete: the request
   // line and headers, and the body too when Content-Length declares one of
   // at most 64 KB with them (larger bodies, and clients that expect
   // "100 Continue", are read by the worker). TooLarge: more than a request
-  // line and headers may take, and no end of them.
+  // line and headers may take, and no end of them. LengthRequired: a POST,
+  // PUT, PATCH or DELETE with neither Content-Length nor Transfer-Encoding,
+  // whose body cpp-httplib 0.11 would read until the client closes (RFC 9112
+  // says such a request has none; `curl -X POST URL` sends that).
   static Headers peek_headers(int fd);
 
  private:

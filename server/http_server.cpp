@@ -296,12 +296,14 @@ void HttpServer::install() {
     prometheus_header(out, "colibri_http_connections_refused_total",
                       "HTTP connections closed before a request reached a route, by reason: request_timeout "
                       "(408, the request not whole within read_timeout_s), idle (nothing sent in time), "
-                      "headers_too_large (431), too_many_waiting.",
+                      "headers_too_large (431), length_required (411, a POST without Content-Length), "
+                      "too_many_waiting.",
                       "counter");
     const std::pair<const char*, const std::atomic<std::uint64_t>*> reasons[] = {
         {"request_timeout", &gate->request_timeout},
         {"idle", &gate->idle},
         {"headers_too_large", &gate->headers_too_large},
+        {"length_required", &gate->length_required},
         {"too_many_waiting", &gate->too_many_waiting}};
     for (const auto& [reason, count] : reasons)
       out += fmt::format("colibri_http_connections_refused_total{{reason=\"{}\"}} {}\n", reason,
@@ -376,7 +378,7 @@ void HttpServer::install() {
       error = ApiError::too_large(fmt::format("the request body is larger than max_body_bytes = {} bytes",
                                               service_.settings()->config.max_body_bytes));
     } else if (res.status == 400) {
-      error = ApiError::invalid("malformed HTTP request (for example a POST without Content-Length)");
+      error = ApiError::invalid("malformed HTTP request (its request line, headers or body framing)");
     } else {
       error = ApiError{res.status, res.status >= 500 ? "server_error" : "invalid_request_error",
                        fmt::format("HTTP {}", res.status), "", ""};

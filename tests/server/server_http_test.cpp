@@ -1196,6 +1196,37 @@ TEST(HttpListenTest, AHeaderFloodGets431) {
             1);
 }
 
+// `curl -X POST URL` sends a POST with neither Content-Length nor
+// Transfer-Encoding. cpp-httplib 0.11 reads such a body until the client
+// closes, so the request hung for read_timeout_s and then got a 400; it gets
+// 411 at once, and a GET without a length is still served.
+TEST(HttpListenTest, APostWithoutContentLengthGets411AtOnce) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--read-timeout-s", "20"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  for (const char* method : {"POST /admin/reload", "PUT /v1/completions", "DELETE /v1/models/x"}) {
+    const int fd = connect_loopback(server->port());
+    ASSERT_GE(fd, 0);
+    const std::string request = std::string(method) + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string got = read_until_closed(fd, 10000);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 411", 0), 0u) << method << ": " << got.substr(0, 200);
+    EXPECT_NE(got.find("length_required"), std::string::npos) << got.substr(0, 300);
+    EXPECT_LT(seconds, 5.0) << method;
+  }
+  EXPECT_EQ(http_get(server->port(), "/health").status, 200);
+  auto client = make_client(server->port());
+  auto empty = client.Post("/admin/reload", "", "application/json");  // Content-Length: 0
+  ASSERT_TRUE(empty);
+  EXPECT_NE(empty->status, 411);
+  EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
+                         "colibri_http_connections_refused_total{reason=\"length_required\"}"),
+            3);
+}
+
 // RELIABILITY.md 1D, row 47: a body declared larger than max_body_bytes is
 // answered 413 from its headers alone, without the server waiting for (or
 // buffering) a gigabyte; a chunked body, whose size is unknown until it has
