@@ -160,7 +160,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
       // Rows arrive back to back; split them by the row width of the form used.
       const auto& values = by_layer ? request->hidden() : request->logits();
       const auto info = service_.model_info();
-      if (by_layer && !info) return fail(ctx, ApiError::unavailable("no model loaded", 5));
+      if (by_layer && !info) return fail(ctx, service_.no_model_error());
       const std::int64_t width = by_layer ? info->hidden : request->n_experts();
       if (width <= 0) return fail(ctx, ApiError::invalid("n_experts is required with logits", "n_experts"));
       if (values.empty() || values.size() % width != 0)
@@ -187,9 +187,7 @@ class ColibriServiceImpl final : public pb::Colibri::Service {
   grpc::Status GetModelInfo(grpc::ServerContext* ctx, const pb::GetModelInfoRequest*, pb::ModelInfo* response) override {
     return guarded(ctx, "GetModelInfo", [&]() -> grpc::Status {
       const auto loaded = service_.model_info();
-      if (!loaded) return fail(ctx, ApiError::unavailable("no model loaded: unloaded by SIGUSR1 or its load failed; "
-                                                          "reload to load one",
-                                                          5));
+      if (!loaded) return fail(ctx, service_.no_model_error());
       const ModelInfo& info = *loaded;
       response->set_id(info.id);
       response->set_architecture(info.architecture);
@@ -403,7 +401,8 @@ Result<int> GrpcServer::start(const std::string& host, int port) {
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || bound == 0)
     return make_error("cannot start gRPC on {} (address in use, or not an address of this machine)", address);
-  set_serving(true);
+  // NOT_SERVING while the first model loads; main switches it on after.
+  set_serving(impl_->service.ready());
   return bound;
 }
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <iterator>
@@ -264,7 +265,7 @@ HttpServer::HttpServer(Service& service, ModelHost* host)
   install();
 }
 
-HttpServer::~HttpServer() = default;
+HttpServer::~HttpServer() { stop(); }
 
 Result<int> HttpServer::bind(const std::string& host, int port) {
   const int bound = server_->bind_listener(host, port);
@@ -272,9 +273,21 @@ Result<int> HttpServer::bind(const std::string& host, int port) {
   return bound;
 }
 
-void HttpServer::listen() { server_->listen_after_bind(); }
+void HttpServer::start() {
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  listener_ = std::thread([this, returned] {
+    server_->listen_after_bind();
+    returned->store(true);
+  });
+  // cpp-httplib's stop() does nothing until listen has begun.
+  while (!server_->is_running() && !returned->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
-void HttpServer::stop() { server_->stop(); }
+void HttpServer::stop() {
+  if (!listener_.joinable()) return;
+  server_->stop();
+  listener_.join();
+}
 
 void HttpServer::install() {
   const auto settings = service_.settings();
@@ -433,7 +446,9 @@ void HttpServer::install() {
   // none, damaged) and in /ready, which is what a load balancer should use.
   s.Get("/health", safe([this](const httplib::Request&, httplib::Response& res) {
           auto generation = service_.current();
-          const char* model = !generation ? "none" : generation->is_damaged() ? "damaged" : "loaded";
+          const char* model = generation                      ? (generation->is_damaged() ? "damaged" : "loaded")
+                              : service_.first_load_running() ? "loading"
+                                                              : "none";
           send_json(res, 200, {{"status", "ok"}, {"draining", service_.draining()}, {"model", model}});
         }));
   s.Get("/ready", safe([this](const httplib::Request&, httplib::Response& res) {

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "config.h"
 #include "model_host.h"
@@ -24,8 +25,10 @@ class HttpServer {
 
   // Binds host:port (0 = any free port). Returns the bound port or an error.
   Result<int> bind(const std::string& host, int port);
-  // Serves until stop(); call from its own thread.
-  void listen();
+  // Serves on a thread of its own; returns once it accepts connections, so a
+  // stop() right after (a first load that failed at once) cannot be missed.
+  void start();
+  // Stops serving and joins that thread.
   void stop();
 
   struct RouteInfo {
@@ -42,6 +45,7 @@ class HttpServer {
   Service& service_;
   ModelHost* host_;
   std::unique_ptr<GatedServer> server_;
+  std::thread listener_;
 };
 
 }  // namespace colibri::server

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -43,6 +44,44 @@ std::uint64_t load_progress() {
   if (!figures) return 0;
   return static_cast<std::uint64_t>(figures->cpu_seconds * 100.0) * 1000003u + figures->resident_bytes;
 }
+
+// SIGTERM or SIGINT while the first model loads ends the process at once:
+// nothing is served yet, so there is nothing to drain, and the load itself
+// cannot be interrupted (systemd would otherwise wait for the whole load and
+// then for the drain before its stop timeout). SIGHUP and SIGUSR1 stay
+// pending for the main loop.
+class StopDuringFirstLoad {
+ public:
+  explicit StopDuringFirstLoad(const SystemdNotifier& notifier) : thread_([this, &notifier] { run(notifier); }) {}
+  ~StopDuringFirstLoad() {
+    done_.store(true);
+    thread_.join();
+  }
+  StopDuringFirstLoad(const StopDuringFirstLoad&) = delete;
+  StopDuringFirstLoad& operator=(const StopDuringFirstLoad&) = delete;
+
+ private:
+  void run(const SystemdNotifier& notifier) {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    const timespec tick{0, 100'000'000};
+    while (!done_.load()) {
+      const int signal_number = sigtimedwait(&stop, nullptr, &tick);
+      if (signal_number <= 0) continue;
+      // The asynchronous logger may not get to write before _Exit; stderr
+      // (the journal under systemd) does.
+      std::fprintf(stderr, "colibri-server: signal %d during the first model load: exiting without serving\n",
+                   signal_number);
+      notifier.notify("STOPPING=1\nSTATUS=stopped during the first model load");
+      std::_Exit(0);
+    }
+  }
+
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 // Printed (not only logged) so scripts and tests can read the bound ports.
 void announce(const std::string& line) {
@@ -89,9 +128,42 @@ int main(int argc, char** argv) {
                  [argc, argv] { return reread_config(argc, argv, process_environment()); });
   // SIGBUS from a truncated model file is caught, not fatal (sigbus_guard.h).
   sigbus::install(host.sigbus_notify_fd());
+  // Listen before loading: a model of many GB takes minutes to read and
+  // verify, and meanwhile probes and load balancers should find a live
+  // process that says "loading" (/health 200, /ready and model requests 503,
+  // gRPC health NOT_SERVING), not a refused connection.
+  service.begin_first_load();
+  GrpcServer grpc(service, &host);
+  HttpServer http(service, &host);
+  auto stop_listening = [&] {
+    grpc.shutdown(0);
+    http.stop();
+    host.stop();
+    logging::shutdown();
+  };
+  if (first.grpc_port >= 0) {
+    auto port = grpc.start(first.host, static_cast<int>(first.grpc_port));
+    if (!port) {
+      std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
+      stop_listening();
+      return 1;
+    }
+    announce("grpc listening on " + host_port(first.host, *port));
+  }
+  auto port = http.bind(first.host, static_cast<int>(first.port));
+  if (!port) {
+    std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
+    stop_listening();
+    return 1;
+  }
+  http.start();
+  const std::string address = "http://" + host_port(first.host, *port);
+  announce("loading " + first.model + "; " + address + " answers 503 \"loading\" until it serves");
+
   notifier.notify("STATUS=loading " + first.model);
   Status loaded;
   {
+    StopDuringFirstLoad stop_guard(notifier);
     std::optional<TimeoutExtender> extender;
     if (notifier.enabled())
       extender.emplace([&notifier](std::string_view state) { return notifier.notify(state); }, load_progress,
@@ -100,7 +172,7 @@ int main(int argc, char** argv) {
   }
   if (!loaded.ok()) {
     std::fprintf(stderr, "colibri-server: cannot load the model: %s\n", loaded.error().message.c_str());
-    logging::shutdown();
+    stop_listening();
     return 1;
   }
   {
@@ -113,31 +185,10 @@ int main(int argc, char** argv) {
                  generation->scheduler->compute_threads(),
                  first.compute_cores.empty() ? "" : " pinned to " + first.compute_cores);
   }
-
-  GrpcServer grpc(service, &host);
-  if (first.grpc_port >= 0) {
-    auto port = grpc.start(first.host, static_cast<int>(first.grpc_port));
-    if (!port) {
-      std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
-      host.stop();
-      logging::shutdown();
-      return 1;
-    }
-    announce("grpc listening on " + host_port(first.host, *port));
-  }
-  HttpServer http(service, &host);
-  auto port = http.bind(first.host, static_cast<int>(first.port));
-  if (!port) {
-    std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
-    grpc.shutdown(0);
-    host.stop();
-    logging::shutdown();
-    return 1;
-  }
-  std::thread listener([&] { http.listen(); });
+  grpc.set_serving(true);
   host.start();
-  announce("listening on http://" + host_port(first.host, *port));
-  spdlog::info("serving {} on http://{}", service.model_id(), host_port(first.host, *port));
+  announce("listening on " + address);
+  spdlog::info("serving {} on {}", service.model_id(), address);
   notifier.notify(fmt::format("READY=1\nSTATUS=serving {} ({})", service.model_id(), service.current()->checksum));
 
   int signal_number = 0;
@@ -178,7 +229,6 @@ int main(int argc, char** argv) {
   host.stop();
   grpc.shutdown(1000);
   http.stop();
-  listener.join();
   spdlog::info("stopped");
   logging::shutdown();
   return 0;

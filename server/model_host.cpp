@@ -7,6 +7,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <thread>
+
 #include "logging.h"
 
 namespace colibri::server {
@@ -24,6 +27,18 @@ ApiError reload_error(int status, std::string code, std::string message) {
   error.code = std::move(code);
   if (status == 503) error.retry_after_s = 5;
   return error;
+}
+
+// Test hook: COLIBRI_TEST_LOAD_DELAY_MS=N holds every load (the first and
+// each reload) N ms before it reads the file, so tests can watch the server
+// while a load runs; a model slow enough to load on its own is gigabytes.
+void test_load_delay() {
+  const char* value = std::getenv("COLIBRI_TEST_LOAD_DELAY_MS");
+  if (value == nullptr) return;
+  const long ms = std::strtol(value, nullptr, 10);
+  if (ms <= 0 || ms > 600000) return;
+  spdlog::warn("COLIBRI_TEST_LOAD_DELAY_MS: holding this load for {} ms (a test hook)", ms);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace
@@ -47,6 +62,12 @@ ModelHost::ModelHost(Service& service, Metrics& metrics, const SystemdNotifier& 
                      [this] { return service_.ready() ? 1.0 : 0.0; });
   metrics_.add_gauge("colibri_model_loaded", "1 while a model is loaded.",
                      [this] { return service_.current() ? 1.0 : 0.0; });
+  metrics_.add_gauge("colibri_model_loading", "1 while a model loads: the first one, or a reload in the background.",
+                     [this] {
+                       if (service_.first_load_running()) return 1.0;
+                       std::lock_guard lock(mutex_);
+                       return loading_ ? 1.0 : 0.0;
+                     });
   metrics_.add_gauge("colibri_model_damaged", "1 when the served model's file changed under it (SIGBUS caught).",
                      [this] {
                        auto g = service_.current();
@@ -85,12 +106,17 @@ ModelHost::~ModelHost() {
 Status ModelHost::load_initial() {
   const auto settings = service_.settings();
   const Config& config = settings->config;
+  test_load_delay();
   auto loaded = load_generation(config, config.verify_checksums, metrics_);
-  if (!loaded) return loaded.error();
+  if (!loaded) {
+    service_.end_first_load();
+    return loaded.error();
+  }
   std::shared_ptr<Generation> generation = *loaded;
   generation->number = next_generation_++;
   generation->scheduler->start();
   service_.swap(generation);
+  service_.end_first_load();
   spdlog::info("model {} loaded in {:.2f} s: checksum {}, {} ({} weights, {} MiB, memory {}), KV caches {} MiB "
                "({}), chat template {}",
                generation->path, generation->load_seconds, generation->checksum,
@@ -150,6 +176,15 @@ void ModelHost::enqueue(Job job) {
 }
 
 ReloadOutcome ModelHost::reload(const std::string& reason, bool reread_config) {
+  if (service_.first_load_running()) {
+    // The loader thread starts after the first load; waiting for it would
+    // hold the caller for the whole load and then load the file twice.
+    ReloadOutcome outcome;
+    outcome.reason = reason;
+    outcome.error = service_.no_model_error();
+    outcome.message = "reload (" + reason + ") refused: " + outcome.error->message;
+    return outcome;
+  }
   Job job;
   job.reason = reason;
   job.reread_config = reread_config;
@@ -238,6 +273,7 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   // tried, not the file's state after the failure: a file replaced during
   // the load (a truncated model swapped for a good one) must still be tried.
   const FileStamp before = FileStamp::of(config.model);
+  test_load_delay();
   auto loaded = load_generation(config, true, metrics_);
   if (!loaded) {
     const std::string& message = loaded.error().message;

@@ -58,6 +58,7 @@ class ModelHost {
   int sigbus_notify_fd() const { return pipe_[1]; }
 
   // The first load, on the caller's thread (checksums per verify_checksums).
+  // Ends the service's first-load state (begin_first_load) either way.
   Status load_initial();
   // Starts the loader and operations threads.
   void start();

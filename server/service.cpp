@@ -133,24 +133,45 @@ void Service::begin_drain() {
 
 bool Service::ready() const { return not_ready_reason().empty(); }
 
+void Service::begin_first_load() {
+  first_load_started_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  first_load_running_.store(true, std::memory_order_relaxed);
+}
+
+void Service::end_first_load() { first_load_running_.store(false, std::memory_order_relaxed); }
+
 std::string Service::not_ready_reason() const {
   if (draining()) return "draining: the server is shutting down";
   auto generation = current();
-  if (!generation) return "no model loaded (unloaded by SIGUSR1 or the first load failed); reload to load one";
+  if (!generation) return no_model_error().message;
   if (generation->is_damaged()) return "the model file changed under the server (SIGBUS); waiting for a valid file to reload";
   return {};
 }
 
-Expected<std::shared_ptr<Generation>> Service::usable() const {
-  auto generation = current();
-  if (!generation) {
-    ApiError error = ApiError::unavailable("no model loaded: the server was told to unload it (SIGUSR1) or its "
-                                           "load failed; it serves again after a successful reload (SIGHUP or "
-                                           "POST /admin/reload)",
-                                           5);
-    error.code = "no_model_loaded";
+ApiError Service::no_model_error() const {
+  if (first_load_running()) {
+    const auto started = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(first_load_started_ns_.load(std::memory_order_relaxed)));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    ApiError error = ApiError::unavailable(
+        fmt::format("the model {} is loading ({:.0f} s so far): reading it and verifying its checksums; retry when "
+                    "GET /ready answers 200",
+                    settings()->config.model, seconds),
+        5);
+    error.code = "model_loading";
     return error;
   }
+  ApiError error = ApiError::unavailable("no model loaded: the server was told to unload it (SIGUSR1) or its "
+                                         "load failed; it serves again after a successful reload (SIGHUP or "
+                                         "POST /admin/reload)",
+                                         5);
+  error.code = "no_model_loaded";
+  return error;
+}
+
+Expected<std::shared_ptr<Generation>> Service::usable() const {
+  auto generation = current();
+  if (!generation) return no_model_error();
   if (generation->is_damaged()) {
     ApiError error = ApiError::unavailable(
         fmt::format("the model file {} changed under the server (truncated or overwritten while mapped); requests "

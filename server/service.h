@@ -91,8 +91,18 @@ class Service {
 
   // Serving: not draining, a model loaded and not damaged.
   bool ready() const;
-  // Why not ready ("draining", "no model loaded", "model damaged"), or "".
+  // Why not ready ("draining", "loading", "no model loaded", "model damaged"), or "".
   std::string not_ready_reason() const;
+  // The 503 for a request that needs a model when none is current: the first
+  // load still running, or unloaded.
+  ApiError no_model_error() const;
+
+  // The server listens while its first model loads: /health answers, /ready
+  // and every request that needs the model get 503 "loading" until
+  // end_first_load().
+  void begin_first_load();
+  void end_first_load();
+  bool first_load_running() const { return first_load_running_.load(std::memory_order_relaxed); }
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
   void begin_drain();
   Metrics& metrics() { return metrics_; }
@@ -107,6 +117,8 @@ class Service {
   std::shared_ptr<const LoadedConfig> settings_;     // guarded by mutex_
   Metrics& metrics_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> first_load_running_{false};
+  std::atomic<std::int64_t> first_load_started_ns_{0};  // steady clock
 };
 
 }  // namespace colibri::server

@@ -495,6 +495,48 @@ TEST(GrpcAuthTest, MethodsNeedTheKeyButHealthDoesNot) {
                   .ok());
 }
 
+// The health service's answer (HealthCheckResponse bytes: 08 01 SERVING, 08 02
+// NOT_SERVING), or "error: ..." when the call failed.
+std::string health_check(grpc::Channel* channel) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  const grpc::Status status = grpc::internal::BlockingUnaryCall(
+      channel, grpc::internal::RpcMethod("/grpc.health.v1.Health/Check", grpc::internal::RpcMethod::NORMAL_RPC),
+      &ctx, request, &response);
+  if (!status.ok()) return "error: " + status.error_message();
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return "error: dump";
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes;
+}
+
+// gRPC listens while the first model loads: health NOT_SERVING and methods
+// that need the model UNAVAILABLE, then SERVING once it is loaded.
+TEST(GrpcListenTest, HealthIsNotServingWhileTheFirstModelLoads) {
+  std::string error;
+  auto server = ServerProcess::start_loading({"--grpc-port", "0"}, error, {"COLIBRI_TEST_LOAD_DELAY_MS=4000"});
+  ASSERT_NE(server, nullptr) << error;
+  ASSERT_GT(server->grpc_port(), 0);
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->grpc_port()), grpc::InsecureChannelCredentials());
+  EXPECT_EQ(health_check(channel.get()), std::string("\x08\x02", 2));
+  auto stub = pb::Colibri::NewStub(channel);
+  grpc::ClientContext info_context;
+  pb::ModelInfo info;
+  const grpc::Status refused = stub->GetModelInfo(&info_context, pb::GetModelInfoRequest(), &info);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.error_message().find("is loading"), std::string::npos) << refused.error_message();
+  std::string health;
+  for (int i = 0; i < 300 && (health = health_check(channel.get())) != std::string("\x08\x01", 2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(health, std::string("\x08\x01", 2)) << "not SERVING 30 s after start";
+  grpc::ClientContext after;
+  EXPECT_TRUE(stub->GetModelInfo(&after, pb::GetModelInfoRequest(), &info).ok());
+}
+
 // gRPC sets SO_REUSEPORT by default; a second server on the same gRPC port must
 // fail to start rather than take half of its connections.
 TEST(GrpcListenTest, ASecondServerOnTheSameGrpcPortRefusesToStart) {

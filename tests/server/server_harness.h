@@ -40,6 +40,21 @@ class ServerProcess {
   static std::unique_ptr<ServerProcess> start(std::vector<std::string> args, std::string& error,
                                               std::vector<std::string> env = {},
                                               std::chrono::seconds timeout = std::chrono::seconds(30)) {
+    return launch(std::move(args), error, std::move(env), timeout, false);
+  }
+  // The same, returning as soon as HTTP listens, while the model still loads
+  // (the "loading ...; http://127.0.0.1:PORT answers 503" line).
+  static std::unique_ptr<ServerProcess> start_loading(std::vector<std::string> args, std::string& error,
+                                                      std::vector<std::string> env = {}) {
+    return launch(std::move(args), error, std::move(env), std::chrono::seconds(30), true);
+  }
+
+  ~ServerProcess() { stop(); }
+
+ private:
+  static std::unique_ptr<ServerProcess> launch(std::vector<std::string> args, std::string& error,
+                                               std::vector<std::string> env, std::chrono::seconds timeout,
+                                               bool while_loading) {
     auto server = std::unique_ptr<ServerProcess>(new ServerProcess());
     server->stderr_path_ = "/tmp/colibri-server-test-" + std::to_string(getpid()) + "-" +
                            std::to_string(counter()++) + ".log";
@@ -99,6 +114,11 @@ class ServerProcess {
           server->port_ = std::atoi(buffer.c_str() + at + 30);
           return server;
         }
+        at = buffer.find("; http://127.0.0.1:");
+        if (while_loading && at != std::string::npos && buffer.find('\n', at) != std::string::npos) {
+          server->port_ = std::atoi(buffer.c_str() + at + 19);
+          return server;
+        }
       }
       int status = 0;
       if (waitpid(pid, &status, WNOHANG) == pid) {
@@ -110,7 +130,7 @@ class ServerProcess {
     return nullptr;
   }
 
-  ~ServerProcess() { stop(); }
+ public:
 
   // Waits for the process to exit by itself; returns its wait status, or -1
   // (after stopping it) if it is still running after `timeout`.

@@ -376,6 +376,63 @@ TEST_F(ReloadTest, Sigusr1UnloadsAndSighupLoadsAgain) {
   EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["generation"], 2);
 }
 
+// RELIABILITY.md row 79: HTTP listens while the first model loads (held 4 s
+// by the test hook). /health answers 200 "loading", /ready and every request
+// that needs the model get 503 with Retry-After, a reload is refused at once
+// instead of waiting for the load, and then it serves.
+TEST_F(ReloadTest, TheServerAnswersWhileItsFirstModelLoads) {
+  std::string error;
+  auto server = ServerProcess::start_loading({"--model", model_.string(), "--grpc-port", "-1"}, error,
+                                             {"COLIBRI_TEST_LOAD_DELAY_MS=4000"});
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  const auto health = http_get(port, "/health");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.json_body()["model"], "loading") << health.body;
+  const auto ready = http_get(port, "/ready");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_NE(ready.body.find("is loading"), std::string::npos) << ready.body;
+  auto refused = http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.json_body()["error"]["code"], "model_loading") << refused.body;
+  EXPECT_TRUE(refused.headers.count("Retry-After")) << refused.body;
+  EXPECT_EQ(http_post(port, "/tokenize", json{{"content", "x"}}).status, 503);
+  EXPECT_TRUE(http_get(port, "/v1/models").json_body()["data"].empty());
+  const auto before = Clock::now();
+  auto reload = http_post(port, "/admin/reload", json::object());
+  EXPECT_EQ(reload.status, 503) << reload.body;
+  EXPECT_EQ(reload.json_body()["error"]["code"], "model_loading") << reload.body;
+  EXPECT_LT(Clock::now() - before, std::chrono::seconds(2)) << "the reload waited for the first load";
+  const std::string metrics = http_get(port, "/metrics").body;
+  EXPECT_EQ(metric_value(metrics, "colibri_model_loading"), 1);
+  EXPECT_EQ(metric_value(metrics, "colibri_ready"), 0);
+
+  ASSERT_TRUE(eventually([&] { return http_get(port, "/ready").status == 200; }, std::chrono::seconds(30)))
+      << server->log();
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+  EXPECT_EQ(http_get(port, "/health").json_body()["model"], "loaded");
+  EXPECT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_model_loading"), 0);
+  EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["generation"], 1);
+}
+
+// SIGTERM during the first load (systemctl stop while a large model loads)
+// ends the process at once with status 0; nothing is being served, so there
+// is nothing to drain. Before, the signal waited for the whole load.
+TEST_F(ReloadTest, SigtermDuringTheFirstLoadExitsAtOnce) {
+  std::string error;
+  auto server = ServerProcess::start_loading({"--model", model_.string(), "--grpc-port", "-1"}, error,
+                                             {"COLIBRI_TEST_LOAD_DELAY_MS=60000"});
+  ASSERT_NE(server, nullptr) << error;
+  ASSERT_EQ(http_get(server->port(), "/health").json_body()["model"], "loading");
+  const auto before = Clock::now();
+  kill(server->pid(), SIGTERM);
+  const int status = server->wait_exit(std::chrono::seconds(10));
+  EXPECT_LT(Clock::now() - before, std::chrono::seconds(5));
+  ASSERT_NE(status, -1) << "still running 10 s after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_NE(server->log().find("during the first model load"), std::string::npos) << server->log();
+}
+
 TEST_F(ReloadTest, TruncationWhileMappedFailsOnlyAffectedRequestsThenServesAgain) {
   auto server = start({"--watch-model", "poll", "--model-memory", "map"});
   ASSERT_NE(server, nullptr);
