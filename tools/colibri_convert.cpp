@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <unistd.h>
 
+#include "core/output_file.h"
 #include "format/checkpoint.h"
 #include "format/colibri_writer.h"
 #include "layout_flags.h"
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
   layout.add(app);
   app.add_flag("--no-progress", no_progress, "Do not draw a progress bar");
   CLI11_PARSE(app, argc, argv);
+  // Ctrl-C must not leave a temporary file of many GB beside the output.
+  colibri::remove_output_temp_on_signals();
 
   auto scheme = colibri::quant_scheme(quant);
   if (!scheme) {

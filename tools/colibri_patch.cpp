@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "core/output_file.h"
 #include "format/colibri_writer.h"
 
 int main(int argc, char** argv) {
@@ -26,6 +27,8 @@ int main(int argc, char** argv) {
   app.add_option("--expert", expert, "Expert index within the layer")->required();
   app.add_option("-o,--output", output, "Where to write the result (default: replace --target in place)");
   CLI11_PARSE(app, argc, argv);
+  // Ctrl-C must not leave a temporary file of many GB beside the output.
+  colibri::remove_output_temp_on_signals();
   if (output.empty()) output = target;
 
   auto report = colibri::patch_expert(target, donor, layer, expert, output);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/output_file.h"
 #include "format/colibri_writer.h"
 #include "layout_flags.h"
 #include "model/model_config.h"
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
   layout.add(app);
   app.add_flag("--no-progress", no_progress, "Do not draw a progress bar");
   CLI11_PARSE(app, argc, argv);
+  // Ctrl-C must not leave a temporary file of many GB beside the output.
+  colibri::remove_output_temp_on_signals();
 
   const colibri::synth::Shape* shape = colibri::synth::find_shape(shape_name);
   if (shape == nullptr) return fail("unknown shape '" + shape_name + "' (see --help for the list)");

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
+#include "core/output_file.h"
 #include "format/colibri_file.h"
 #include "kernels/quantize.h"
 
@@ -87,84 +88,6 @@ Result<QuantScheme> quant_scheme(std::string_view name) {
 }
 
 namespace {
-
-// A file descriptor that is closed, and a temporary file that is removed,
-// unless the write completes.
-class TempFile {
- public:
-  explicit TempFile(std::filesystem::path target)
-      : target_(std::move(target)),
-        temp_(target_.string() + ".tmp-" + std::to_string(::getpid())) {}
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    // Only a file this object created is removed: never someone else's.
-    if (created_ && !committed_) ::unlink(temp_.c_str());
-  }
-
-  // `mode`: the new file's permission bits, set exactly (not filtered by the
-  // umask) so that a file replaced in place keeps the permissions it had.
-  Status open(std::uint64_t size, std::optional<mode_t> mode = std::nullopt) {
-    // A leftover from a crashed run with the same pid is stale; removing it first
-    // and then creating with O_EXCL means a symlink planted at this name can never
-    // redirect the write (O_TRUNC alone would follow it and truncate its target).
-    ::unlink(temp_.c_str());
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd_ < 0) return make_error("{}: cannot create: {}", temp_.string(), std::strerror(errno));
-    created_ = true;
-    if (mode && ::fchmod(fd_, *mode) != 0)
-      return make_error("{}: cannot set permissions: {}", temp_.string(), std::strerror(errno));
-    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
-      return make_error("{}: cannot size to {} bytes: {}", temp_.string(), size, std::strerror(errno));
-    return Status::Ok();
-  }
-
-  Status write_at(std::uint64_t offset, const void* data, std::size_t size) {
-    const auto* p = static_cast<const std::uint8_t*>(data);
-    while (size > 0) {
-      ssize_t n = ::pwrite(fd_, p, size, static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return make_error("{}: write failed: {}", temp_.string(), std::strerror(errno));
-      p += n;
-      offset += static_cast<std::uint64_t>(n);
-      size -= static_cast<std::size_t>(n);
-    }
-    return Status::Ok();
-  }
-
-  // fsync, then rename over the target: readers see the old file or the new one,
-  // whole. The directory is synced too, or after a crash the rename itself may
-  // be lost and the old file come back.
-  Status commit() {
-    if (::fsync(fd_) != 0) return make_error("{}: fsync failed: {}", temp_.string(), std::strerror(errno));
-    const int fd = fd_;
-    fd_ = -1;
-    // close() can report a deferred write error (NFS and the like).
-    if (::close(fd) != 0) return make_error("{}: close failed: {}", temp_.string(), std::strerror(errno));
-    if (::rename(temp_.c_str(), target_.c_str()) != 0)
-      return make_error("{}: cannot rename to {}: {}", temp_.string(), target_.string(), std::strerror(errno));
-    committed_ = true;
-    std::filesystem::path dir = target_.parent_path();
-    if (dir.empty()) dir = ".";
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd < 0)
-      return make_error("{}: replaced, but its directory cannot be opened to sync: {}", target_.string(),
-                        std::strerror(errno));
-    const int synced = ::fsync(dir_fd);
-    const int sync_errno = errno;
-    ::close(dir_fd);
-    if (synced != 0)
-      return make_error("{}: replaced, but syncing its directory failed: {}", target_.string(),
-                        std::strerror(sync_errno));
-    return Status::Ok();
-  }
-
- private:
-  std::filesystem::path target_;
-  std::filesystem::path temp_;
-  int fd_ = -1;
-  bool created_ = false;
-  bool committed_ = false;
-};
 
 template <typename T>
 void store(std::vector<std::uint8_t>& out, std::size_t at, T value) {
@@ -337,7 +260,7 @@ Status write_colibri(const std::filesystem::path& output, const ConvertInput& in
   h.file_size = h.data_offset + h.data_size;
   h.expert_alignment = options.expert_alignment;
 
-  TempFile file(output);
+  OutputFile file(output);
   COLIBRI_TRY(file.open(h.file_size));
   std::vector<float> values(largest);
   std::vector<std::uint8_t> encoded;
@@ -488,7 +411,7 @@ Result<PatchReport> patch_expert(const std::filesystem::path& target, const std:
   std::error_code ec;
   const auto permissions = std::filesystem::status(target, ec).permissions();
   if (ec) return make_error("{}: cannot stat: {}", target.string(), ec.message());
-  TempFile file(output);
+  OutputFile file(output);
   COLIBRI_TRY(file.open(h.file_size, static_cast<mode_t>(permissions & std::filesystem::perms::mask)));
   constexpr std::size_t kChunk = 8u << 20;
   for (std::uint64_t at = 0; at < h.file_size; at += kChunk)
