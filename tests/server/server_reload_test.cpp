@@ -433,6 +433,41 @@ TEST_F(ReloadTest, SigtermDuringTheFirstLoadExitsAtOnce) {
   EXPECT_NE(server->log().find("during the first model load"), std::string::npos) << server->log();
 }
 
+// RELIABILITY.md row 69: SIGKILL while loading and while serving (streams
+// running); a new process on the same ports then starts and serves, as a
+// systemd restart would: no lock or pid file, no port left unusable.
+TEST_F(ReloadTest, AfterSigkillDuringLoadOrServingARestartServesOnTheSamePort) {
+  std::string error;
+  auto loading = ServerProcess::start_loading({"--model", model_.string(), "--grpc-port", "-1"}, error,
+                                              {"COLIBRI_TEST_LOAD_DELAY_MS=60000"});
+  ASSERT_NE(loading, nullptr) << error;
+  const std::string port = std::to_string(loading->port());
+  kill(loading->pid(), SIGKILL);
+  loading->wait_exit(std::chrono::seconds(10));
+
+  auto serving = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--port", port}, error);
+  ASSERT_NE(serving, nullptr) << "restart after SIGKILL during the load: " << error;
+  std::vector<std::thread> streams;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 3; ++i)
+    streams.emplace_back([&, p = serving->port()] {
+      http_stream(p, "/v1/completions",
+                  json{{"prompt", "kill"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}},
+                  [&](const json&) {
+                    ++started;
+                    return true;
+                  });
+    });
+  ASSERT_TRUE(eventually([&] { return started.load() >= 3; })) << serving->log();
+  kill(serving->pid(), SIGKILL);
+  serving->wait_exit(std::chrono::seconds(10));
+  for (auto& t : streams) t.join();
+
+  auto again = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--port", port}, error);
+  ASSERT_NE(again, nullptr) << "restart after SIGKILL while serving: " << error;
+  EXPECT_EQ(http_post(again->port(), "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+}
+
 TEST_F(ReloadTest, TruncationWhileMappedFailsOnlyAffectedRequestsThenServesAgain) {
   auto server = start({"--watch-model", "poll", "--model-memory", "map"});
   ASSERT_NE(server, nullptr);
