@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,9 @@ constexpr std::size_t kHeaderPeekBytes = 32 * 1024;
 constexpr std::size_t kMaxWaiting = 4096;
 constexpr int kKeepAliveMaxRequests = 100;
 constexpr int kGateTickMs = 100;  // deadline granularity
+// Memory for large bodies the gate reads for all connections together; past
+// it a worker reads them (holding its thread while they trickle in).
+constexpr std::size_t kMaxConsumedBytes = 64u << 20;
 
 int milliseconds_until(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -61,8 +65,14 @@ void address_of(const sockaddr_storage& address, socklen_t length, std::string& 
 // (line, headers and body together), writes bounded per call.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(int fd, Clock::time_point read_deadline, Clock::duration write_timeout, std::size_t read_limit)
-      : fd_(fd), read_deadline_(read_deadline), write_timeout_(write_timeout), read_limit_(read_limit) {}
+  // `consumed`: bytes of the request the gate already read from the socket.
+  ConnectionStream(int fd, Clock::time_point read_deadline, Clock::duration write_timeout, std::size_t read_limit,
+                   std::string consumed)
+      : fd_(fd),
+        read_deadline_(read_deadline),
+        write_timeout_(write_timeout),
+        read_limit_(read_limit),
+        consumed_(std::move(consumed)) {}
 
   // The next request: a new deadline and byte budget (a pipelined request's
   // bytes already buffered count against it).
@@ -70,7 +80,7 @@ class ConnectionStream : public httplib::Stream {
     read_deadline_ = deadline;
     request_bytes_ = 0;
   }
-  std::size_t buffered() const { return end_ - begin_; }
+  std::size_t buffered() const { return end_ - begin_ + (consumed_.size() - consumed_at_); }
 
   bool is_readable() const override { return buffered() > 0 || wait_for(POLLIN, milliseconds_until(read_deadline_)); }
 
@@ -82,7 +92,17 @@ class ConnectionStream : public httplib::Stream {
   }
 
   ssize_t read(char* ptr, size_t size) override {
-    if (buffered() == 0) {
+    if (consumed_at_ < consumed_.size()) {
+      if (request_bytes_ >= read_limit_) return -1;
+      const std::size_t n = std::min({size, consumed_.size() - consumed_at_, read_limit_ - request_bytes_});
+      std::memcpy(ptr, consumed_.data() + consumed_at_, n);
+      consumed_at_ += n;
+      request_bytes_ += n;
+      if (consumed_at_ == consumed_.size()) std::string().swap(consumed_);  // give the memory back now
+      if (consumed_.empty()) consumed_at_ = 0;
+      return static_cast<ssize_t>(n);
+    }
+    if (end_ == begin_) {
       if (!wait_for(POLLIN, milliseconds_until(read_deadline_))) return -1;
       const ssize_t n = recv(fd_, buffer_, sizeof(buffer_), 0);
       if (n <= 0) return n;
@@ -92,7 +112,7 @@ class ConnectionStream : public httplib::Stream {
     // Headers past the gate's peek (a pipelined request skips it) or more
     // bytes than headers and the body limit allow end the connection.
     if (request_bytes_ >= read_limit_) return -1;
-    const std::size_t n = std::min({size, buffered(), read_limit_ - request_bytes_});
+    const std::size_t n = std::min({size, end_ - begin_, read_limit_ - request_bytes_});
     std::memcpy(ptr, buffer_ + begin_, n);
     begin_ += n;
     request_bytes_ += n;
@@ -148,6 +168,8 @@ class ConnectionStream : public httplib::Stream {
   std::size_t request_bytes_ = 0;
   char buffer_[4096];
   std::size_t begin_ = 0, end_ = 0;
+  std::string consumed_;
+  std::size_t consumed_at_ = 0;
 };
 
 void close_connection(int fd) {
@@ -210,11 +232,11 @@ std::string_view header_value(std::string_view headers, std::string_view name) {
 
 }  // namespace
 
-ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
+ConnectionGate::Peek ConnectionGate::peek_headers(int fd, std::size_t body_limit) {
   char buffer[kHeaderPeekBytes];
   const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return Headers::Closed;
-  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Headers::None : Headers::Closed;
+  if (n == 0) return {Headers::Closed};
+  if (n < 0) return {errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Headers::None : Headers::Closed};
   const std::string_view text(buffer, static_cast<std::size_t>(n));
   std::size_t end = text.find("\r\n\r\n");
   if (end != std::string_view::npos) {
@@ -222,7 +244,7 @@ ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
   } else if ((end = text.find("\n\n")) != std::string_view::npos) {
     end += 2;
   } else {
-    return static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial;
+    return {static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial};
   }
   // The body too, when it is small and its length known. Not for a client
   // that waits for "100 Continue" before sending it (curl does above 1 KB):
@@ -232,16 +254,19 @@ ConnectionGate::Headers ConnectionGate::peek_headers(int fd) {
   if (length.empty() && header_value(headers, "transfer-encoding").empty()) {
     const std::string_view method = headers.substr(0, headers.find(' '));
     if (method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE")
-      return Headers::LengthRequired;
+      return {Headers::LengthRequired};
   }
   std::uint64_t body = 0;
-  if (length.empty() || !header_value(headers, "expect").empty()) return Headers::Complete;
+  if (length.empty() || !header_value(headers, "expect").empty()) return {Headers::Complete};
   const auto [ptr, ec] = std::from_chars(length.data(), length.data() + length.size(), body);
-  if (ec != std::errc() || ptr != length.data() + length.size() || body > kGatedRequestBytes - end)
-    return Headers::Complete;
+  // Unparsable, or over the limit (refused from the headers alone): the worker's.
+  if (ec != std::errc() || ptr != length.data() + length.size() || body > body_limit) return {Headers::Complete};
   int available = 0;
-  if (ioctl(fd, FIONREAD, &available) != 0) return Headers::Complete;
-  return static_cast<std::uint64_t>(available) >= end + body ? Headers::Complete : Headers::Partial;
+  if (ioctl(fd, FIONREAD, &available) != 0) return {Headers::Complete};
+  if (static_cast<std::uint64_t>(available) >= end + body) return {Headers::Complete};
+  // A large body may never fit the socket's receive buffer; it is read, not peeked.
+  if (body > kGatedRequestBytes - end) return {Headers::LargeBody, end + static_cast<std::size_t>(body)};
+  return {Headers::Partial};
 }
 
 void ConnectionGate::refuse_large_headers(int fd) {
@@ -256,12 +281,15 @@ void ConnectionGate::refuse_unknown_length(int fd) {
          "the request has no Content-Length: send one, 0 for an empty body (curl: -d '')", "length_required");
 }
 
-void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout) {
-  const Headers now = peek_headers(fd);
-  if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout);
+void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout,
+                          std::size_t body_limit) {
+  const Peek peek = peek_headers(fd, body_limit);
+  const Headers now = peek.state;
+  if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout, {});
   if (now == Headers::Closed || stopping_) return close_connection(fd);
   if (now == Headers::TooLarge) return refuse_large_headers(fd);
   if (now == Headers::LengthRequired) return refuse_unknown_length(fd);
+  std::optional<Clock::time_point> to_worker;
   {
     std::lock_guard lock(mutex_);
     // stop() sets stopping_ before it takes the lock to close what waits.
@@ -270,11 +298,17 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
       counts_->too_many_waiting.fetch_add(1, std::memory_order_relaxed);
       return close_connection(fd);
     }
-    Waiting w{served, idle_deadline, request_timeout, {}, false};
-    if (now == Headers::Partial) w.mark_started();
-    waiting_[fd] = w;
-    count_waiting();
+    Waiting w{served, idle_deadline, request_timeout, body_limit, {}, false};
+    if (now == Headers::Partial || now == Headers::LargeBody) w.mark_started();
+    if (now == Headers::LargeBody && !begin_consuming(w, peek.request_bytes)) {
+      to_worker = w.request_deadline;
+    } else {
+      // A body's bytes already here are read at the first wait below.
+      waiting_[fd] = std::move(w);
+      count_waiting();
+    }
   }
+  if (to_worker) return ready_(fd, served, *to_worker, {});
   // Edge-triggered: woken when more bytes arrive (a peek consumes none). The
   // bytes that came between the peek above and this call are reported by the
   // first wait, as epoll reports a ready descriptor when it is added.
@@ -283,10 +317,38 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
   event.data.fd = fd;
   if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
     std::lock_guard lock(mutex_);
-    waiting_.erase(fd);
+    if (const auto it = waiting_.find(fd); it != waiting_.end()) {
+      end_consuming(it->second);
+      waiting_.erase(it);
+    }
     count_waiting();
     close_connection(fd);
   }
+}
+
+bool ConnectionGate::begin_consuming(Waiting& w, std::size_t request_bytes) {
+  if (consumed_bytes_ + request_bytes > kMaxConsumedBytes) return false;
+  consumed_bytes_ += request_bytes;
+  w.request_bytes = request_bytes;
+  w.filled = 0;
+  w.consumed.resize(request_bytes);
+  return true;
+}
+
+void ConnectionGate::end_consuming(const Waiting& w) { consumed_bytes_ -= w.request_bytes; }
+
+ConnectionGate::Fill ConnectionGate::fill(int fd, Waiting& w) {
+  while (w.filled < w.request_bytes) {
+    const ssize_t n = recv(fd, w.consumed.data() + w.filled, w.request_bytes - w.filled, MSG_DONTWAIT);
+    if (n > 0) {
+      w.filled += static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      return Fill::Closed;
+    } else if (errno != EINTR) {
+      return errno == EAGAIN || errno == EWOULDBLOCK ? Fill::More : Fill::Closed;
+    }
+  }
+  return Fill::Whole;
 }
 
 void ConnectionGate::stop() {
@@ -295,6 +357,7 @@ void ConnectionGate::stop() {
   std::lock_guard lock(mutex_);
   for (const auto& [fd, w] : waiting_) close_connection(fd);
   waiting_.clear();
+  consumed_bytes_ = 0;
   count_waiting();
 }
 
@@ -313,19 +376,46 @@ void ConnectionGate::run() {
 
 void ConnectionGate::check(int fd) {
   Waiting w;
+  bool reading_body = false;
+  Fill body = Fill::More;
   {
     std::lock_guard lock(mutex_);
     const auto it = waiting_.find(fd);
     if (it == waiting_.end()) return;
-    w = it->second;
+    reading_body = it->second.request_bytes > 0;
+    if (reading_body) {
+      body = fill(fd, it->second);
+      if (body == Fill::More) return;
+      w = std::move(it->second);
+      end_consuming(w);
+      waiting_.erase(it);
+      count_waiting();
+    } else {
+      w = it->second;
+    }
   }
-  const Headers headers = peek_headers(fd);
-  if (headers == Headers::None) return;
-  if (headers == Headers::Partial) {
-    std::lock_guard lock(mutex_);
-    const auto it = waiting_.find(fd);
-    if (it != waiting_.end()) it->second.mark_started();
-    return;
+  if (reading_body) {
+    epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    if (body == Fill::Closed) return close_connection(fd);
+    return ready_(fd, w.served, w.request_deadline, std::move(w.consumed));
+  }
+  const Peek peek = peek_headers(fd, w.body_limit);
+  if (peek.state == Headers::None) return;
+  if (peek.state == Headers::Partial || peek.state == Headers::LargeBody) {
+    bool consuming = false;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = waiting_.find(fd);
+      if (it == waiting_.end()) return;
+      it->second.mark_started();
+      if (peek.state == Headers::Partial) return;
+      consuming = begin_consuming(it->second, peek.request_bytes);
+      w.request_deadline = it->second.request_deadline;
+      w.started = true;
+    }
+    // Edge-triggered: the bytes already here bring no new event; read them now.
+    if (consuming) return check(fd);
+    // No memory left for it here: a worker reads it.
   }
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
   {
@@ -333,10 +423,10 @@ void ConnectionGate::check(int fd) {
     waiting_.erase(fd);
     count_waiting();
   }
-  if (headers == Headers::Closed) return close_connection(fd);
-  if (headers == Headers::TooLarge) return refuse_large_headers(fd);
-  if (headers == Headers::LengthRequired) return refuse_unknown_length(fd);
-  ready_(fd, w.served, w.started ? w.request_deadline : Clock::now() + w.request_timeout);
+  if (peek.state == Headers::Closed) return close_connection(fd);
+  if (peek.state == Headers::TooLarge) return refuse_large_headers(fd);
+  if (peek.state == Headers::LengthRequired) return refuse_unknown_length(fd);
+  ready_(fd, w.served, w.started ? w.request_deadline : Clock::now() + w.request_timeout, {});
 }
 
 void ConnectionGate::expire(Clock::time_point now) {
@@ -347,6 +437,7 @@ void ConnectionGate::expire(Clock::time_point now) {
       const Waiting& w = it->second;
       if (w.started ? now >= w.request_deadline : now >= w.idle_deadline) {
         expired.emplace_back(it->first, w.started);
+        end_consuming(w);
         it = waiting_.erase(it);
       } else {
         ++it;
@@ -392,10 +483,12 @@ class GatedServer::Queue : public httplib::TaskQueue {
 };
 
 GatedServer::GatedServer(std::size_t threads)
-    : threads_(threads), gate_([this](int fd, int served, Clock::time_point deadline) {
+    : threads_(threads), gate_([this](int fd, int served, Clock::time_point deadline, std::string consumed) {
         std::lock_guard lock(pool_mutex_);
         if (pool_ == nullptr) return close_connection(fd);
-        pool_->enqueue([this, fd, served, deadline] { serve(fd, served, deadline); });
+        pool_->enqueue([this, fd, served, deadline, consumed = std::move(consumed)]() mutable {
+          serve(fd, served, deadline, std::move(consumed));
+        });
       }) {
   new_task_queue = [this] { return new Queue(*this, threads_); };
   // Replaces cpp-httplib's default, which sets SO_REUSEPORT on Linux: with it a
@@ -433,9 +526,9 @@ bool GatedServer::write_timed_out_now() { return write_timed_out; }
 // Runs on a worker for each accepted connection: served here if its request
 // is already whole (the usual case), else parked.
 bool GatedServer::process_and_close_socket(socket_t sock) {
-  switch (ConnectionGate::peek_headers(sock)) {
+  switch (ConnectionGate::peek_headers(sock, payload_max_length_).state) {
     case ConnectionGate::Headers::Complete:
-      serve(sock, 0, Clock::now() + std::chrono::seconds(read_timeout_sec_));
+      serve(sock, 0, Clock::now() + std::chrono::seconds(read_timeout_sec_), {});
       break;
     case ConnectionGate::Headers::TooLarge:
       gate_.refuse_large_headers(sock);
@@ -448,13 +541,14 @@ bool GatedServer::process_and_close_socket(socket_t sock) {
 
 void GatedServer::park(int fd, int served) {
   const auto idle = served == 0 ? std::chrono::seconds(read_timeout_sec_) : std::chrono::seconds(keep_alive_timeout_sec_);
-  gate_.park(fd, served, Clock::now() + idle, std::chrono::seconds(read_timeout_sec_));
+  gate_.park(fd, served, Clock::now() + idle, std::chrono::seconds(read_timeout_sec_), payload_max_length_);
 }
 
-void GatedServer::serve(int fd, int served, Clock::time_point deadline) {
+void GatedServer::serve(int fd, int served, Clock::time_point deadline, std::string consumed) {
   const auto request_timeout = std::chrono::seconds(read_timeout_sec_);
   ConnectionStream stream(fd, deadline, std::chrono::seconds(write_timeout_sec_),
-                          std::min(payload_max_length_, SIZE_MAX - kHeaderPeekBytes) + kHeaderPeekBytes);
+                          std::min(payload_max_length_, SIZE_MAX - kHeaderPeekBytes) + kHeaderPeekBytes,
+                          std::move(consumed));
   for (;;) {
     const bool last = served + 1 >= kKeepAliveMaxRequests || !is_running();
     bool connection_closed = false;
@@ -467,7 +561,8 @@ void GatedServer::serve(int fd, int served, Clock::time_point deadline) {
     if (!ok || connection_closed || last || close_requested) break;
     // A next request already whole (pipelined, or sent at once) is served
     // now; else the connection waits for it off this thread.
-    if (stream.buffered() == 0 && ConnectionGate::peek_headers(fd) != ConnectionGate::Headers::Complete)
+    if (stream.buffered() == 0 &&
+        ConnectionGate::peek_headers(fd, payload_max_length_).state != ConnectionGate::Headers::Complete)
       return park(fd, served);
     stream.start_request(Clock::now() + request_timeout);
   }

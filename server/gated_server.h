@@ -8,8 +8,11 @@
 // server answering anyone. Here a connection without a complete request line
 // and headers waits on one epoll thread (ConnectionGate) instead; a worker
 // takes it only once they are all in the socket buffer (at most 32 KB, else
-// 431), with a body of up to 64 KB in all. A request's line, headers and body
-// must arrive within read_timeout_s of its first byte (else 408 and close),
+// 431), and its body too: up to 64 KB in all waited for in the socket buffer,
+// a larger one (up to the body limit) read into memory here, at most 64 MB for
+// all connections together (beyond that a worker reads it). A request's line,
+// headers and body must arrive within read_timeout_s of its first byte (else
+// 408 and close),
 // and an idle keep-alive connection waits keep_alive_timeout there, holding
 // no thread.
 #pragma once
@@ -35,8 +38,9 @@ class ConnectionGate {
   using Clock = std::chrono::steady_clock;
   // Called (on the gate's thread, or the parking one) with a connection
   // whose request line and headers are complete, and the time by which the
-  // rest of the request must have come.
-  using Ready = std::function<void(int fd, int served, Clock::time_point deadline)>;
+  // rest of the request must have come. `consumed`: bytes the gate read from
+  // the socket (a whole request with a large body), to be parsed first.
+  using Ready = std::function<void(int fd, int served, Clock::time_point deadline, std::string consumed)>;
 
   // What the gate did, for /metrics; shared so a scrape never outlives it.
   struct Counts {
@@ -56,7 +60,10 @@ class ConnectionGate {
   // Waits for fd's next request: `served` requests done on it so far; it is
   // closed if nothing comes by `idle_deadline`, or the request is not whole
   // by `request_timeout` after its first byte. After stop(), closes fd.
-  void park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout);
+  // Bodies up to `body_limit` may be read here; a larger one is the worker's
+  // to refuse (413) from its headers.
+  void park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout,
+            std::size_t body_limit);
   // Closes every waiting connection; later park() calls close theirs.
   void stop();
   // Answers 431 and closes fd.
@@ -65,7 +72,11 @@ class ConnectionGate {
   void refuse_unknown_length(int fd);
   std::shared_ptr<const Counts> counts() const { return counts_; }
 
-  enum class Headers { Complete, Partial, None, Closed, TooLarge, LengthRequired };
+  enum class Headers { Complete, Partial, None, Closed, TooLarge, LengthRequired, LargeBody };
+  struct Peek {
+    Headers state = Headers::None;
+    std::size_t request_bytes = 0;  // LargeBody: request line, headers and body
+  };
   // What fd's receive buffer holds, without reading it. Complete: the request
   // line and headers, and the body too when Content-Length declares one of
   // at most 64 KB with them (larger bodies, and clients that expect
@@ -73,16 +84,24 @@ class ConnectionGate {
   // line and headers may take, and no end of them. LengthRequired: a POST,
   // PUT, PATCH or DELETE with neither Content-Length nor Transfer-Encoding,
   // whose body cpp-httplib 0.11 would read until the client closes (RFC 9112
-  // says such a request has none; `curl -X POST URL` sends that).
-  static Headers peek_headers(int fd);
+  // says such a request has none; `curl -X POST URL` sends that). LargeBody:
+  // the headers are whole and declare a body over 64 KB with them, at most
+  // `body_limit`, not all in the buffer yet.
+  static Peek peek_headers(int fd, std::size_t body_limit);
 
  private:
   struct Waiting {
     int served;
     Clock::time_point idle_deadline;
     Clock::duration request_timeout;
+    std::size_t body_limit;
     Clock::time_point request_deadline;  // set at the first byte
     bool started = false;
+    // Nonzero while the gate reads a large body: the request's whole size,
+    // `consumed` sized to it, `filled` bytes read so far.
+    std::size_t request_bytes = 0;
+    std::size_t filled = 0;
+    std::string consumed;
     // The first byte arrived: the whole request is due within request_timeout.
     void mark_started() {
       if (started) return;
@@ -92,6 +111,13 @@ class ConnectionGate {
   };
   void run();
   void check(int fd);
+  enum class Fill { Whole, More, Closed };
+  // Reads what has come of w's request (under mutex_): never blocks.
+  static Fill fill(int fd, Waiting& w);
+  // Starts reading a request of `request_bytes` into w (under mutex_), if
+  // the memory for it fits kMaxConsumedBytes; false: a worker must read it.
+  bool begin_consuming(Waiting& w, std::size_t request_bytes);
+  void end_consuming(const Waiting& w);  // under mutex_
   void expire(Clock::time_point now);
   void close_waiting(int fd, bool timed_out);
   void count_waiting();  // under mutex_: counts_->waiting = waiting_.size()
@@ -101,6 +127,7 @@ class ConnectionGate {
   int epoll_ = -1;
   std::mutex mutex_;
   std::unordered_map<int, Waiting> waiting_;
+  std::size_t consumed_bytes_ = 0;  // guarded by mutex_: memory of the bodies being read
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
@@ -131,7 +158,7 @@ class GatedServer : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;
   // Serves requests on fd while they arrive whole, then parks or closes it;
   // the first one's line, headers and body must have come by `deadline`.
-  void serve(int fd, int served, std::chrono::steady_clock::time_point deadline);
+  void serve(int fd, int served, std::chrono::steady_clock::time_point deadline, std::string consumed);
   void park(int fd, int served);
 
   std::size_t threads_;

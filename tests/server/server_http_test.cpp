@@ -1157,6 +1157,66 @@ TEST(HttpListenTest, SlowBodiesDoNotHoldTheWorkers) {
   EXPECT_NE(rest.find("HTTP/1.1 200"), std::string::npos) << rest.substr(0, 300);
 }
 
+// Bodies over 64 KB (long prompts) are read by the gate too: 8 uploads that
+// stall halfway hold none of the 4 workers and get their 408; a large body
+// that arrives in parts with pauses is served whole, as one sent at once.
+TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--http-threads", "4", "--read-timeout-s", "2"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const std::string body = json{{"content", std::string(300000, 'b') + " end"}}.dump();
+  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  std::vector<int> stalled;
+  for (int i = 0; i < 8; ++i) {
+    stalled.push_back(connect_loopback(server->port()));
+    ASSERT_GE(stalled.back(), 0);
+    const std::string start = head + body.substr(0, 100000);
+    ASSERT_EQ(send(stalled.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(http_post(server->port(), "/tokenize", json{{"content", "quick"}}).status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0)
+      << "8 stalled large uploads held the 4 workers";
+
+  const auto at_once = http_post(server->port(), "/tokenize", body);
+  ASSERT_EQ(at_once.status, 200) << at_once.body.substr(0, 200);
+  const int fd = connect_loopback(server->port());
+  ASSERT_GE(fd, 0);
+  const std::string request = head + body;
+  for (std::size_t at = 0; at < request.size(); at += 70000) {
+    const std::size_t n = std::min<std::size_t>(70000, request.size() - at);
+    ASSERT_EQ(send(fd, request.data() + at, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  std::string answer;
+  const auto answer_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < answer_deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buffer[65536];
+    const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);
+    if (got <= 0) break;
+    answer.append(buffer, static_cast<std::size_t>(got));
+    const std::size_t header_end = answer.find("\r\n\r\n");
+    if (header_end == std::string::npos) continue;
+    const std::size_t length_at = answer.find("Content-Length: ");
+    if (length_at == std::string::npos) continue;
+    if (answer.size() >= header_end + 4 + std::stoul(answer.substr(length_at + 16))) break;
+  }
+  close(fd);
+  ASSERT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  const json in_parts = json::parse(answer.substr(answer.find("\r\n\r\n") + 4), nullptr, false);
+  EXPECT_EQ(in_parts, at_once.json_body()) << "the body read in parts differs from the one sent at once";
+
+  for (const int stalled_fd : stalled) {
+    const std::string got = read_until_closed(stalled_fd, 4000);
+    EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got.substr(0, 200);
+    close(stalled_fd);
+  }
+}
+
 // Keep-alive connections come back to the gate between requests and are
 // served again.
 TEST(HttpListenTest, KeepAliveConnectionsServeSeveralRequests) {
