@@ -2,7 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -186,6 +188,14 @@ const std::array kOptions = {
                "For .colibri models, recompute every tensor and expert checksum at the first load; with "
                "expert_cache_mb, also each expert block's whenever the store reads it. "
                "Reloads always verify every checksum before the new file is swapped in.",
+               Reload::Hot},
+    OptionSpec{"model_checksum", &C::model_checksum, 0, 0, "",
+               "Pins the model: a file whose checksum (as colibri-inspect and /v1/models show it, "
+               "\"xxh3:\" and 16 hex digits) differs is refused at start and on every reload, so a hot "
+               "reload can only swap in this model. It covers the header and index, which hold every "
+               "tensor's checksum; with verify_checksums (reloads always verify) the data too. XXH3 "
+               "guards against a wrong or damaged file, not against someone who can write it. Empty: "
+               "any model.",
                Reload::Hot},
     OptionSpec{"log_level", &C::log_level, 0, 0, "trace|debug|info|warn|error|off",
                "Log level of the asynchronous logger (stderr, log_file and the /admin/logs ring). Also "
@@ -472,6 +482,15 @@ Status validate_config(const Config& config) {
                       config.compute_cores);
   if (!config.api_key.empty() && !config.api_key_file.empty())
     return make_error("config: api_key and api_key_file are both set; give one of them");
+  if (!config.model_checksum.empty()) {
+    const std::string& pin = config.model_checksum;
+    const bool hex = pin.size() == 21 && pin.rfind("xxh3:", 0) == 0 &&
+                     std::all_of(pin.begin() + 5, pin.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+    if (!hex)
+      return make_error("config: model_checksum = \"{}\" is not a checksum as colibri-inspect prints it "
+                        "(\"xxh3:\" and 16 hex digits)",
+                        pin.substr(0, 64));
+  }
   return Status::Ok();
 }
 

@@ -64,6 +64,7 @@ struct Config {
   double routing_load_threshold = 0.5;
   bool debug_routing = false;
   bool verify_checksums = false;
+  std::string model_checksum;
   std::string log_level = "info";
   bool log_requests = true;
   std::string log_file;

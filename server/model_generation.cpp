@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -26,6 +27,14 @@ namespace colibri::server {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Hex digits in either case.
+bool same_checksum(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
 
 using Clock = std::chrono::steady_clock;
 
@@ -92,7 +101,6 @@ FileStamp FileStamp::of(const fs::path& path) {
   return stamp;
 }
 
-std::string xxh3_label(std::uint64_t value) { return fmt::format("xxh3:{:016x}", value); }
 
 Generation::~Generation() {
   // The compute thread stops before the guard goes and the mapping with it.
@@ -124,18 +132,21 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     if (!bytes.empty()) {
       auto image = parse_colibri(bytes, config.model);
       if (!image) return image.error();
-      const auto head = std::min<std::uint64_t>(image->header.data_offset, bytes.size());
-      generation->checksum = xxh3_label(colibri_checksum(bytes.first(head)));
+      generation->checksum = file_checksum(*image);
       generation->memory = model->weights_copied() ? "copy" : "map";
     } else {
       auto digest = hash_files(config.model);
       if (!digest) return digest.error();
-      generation->checksum = xxh3_label(*digest);
+      generation->checksum = checksum_label(*digest);
       generation->memory = "converted";
     }
     if (scope.faulted())
       return make_error("{}: the file was truncated while it was being read (SIGBUS caught); not loaded",
                         config.model);
+    if (!config.model_checksum.empty() && !same_checksum(generation->checksum, config.model_checksum))
+      return make_error("{}: checksum {} is not the pinned model_checksum {}: not loaded (colibri-inspect shows "
+                        "a file's checksum; change model_checksum to serve another model)",
+                        config.model, generation->checksum, config.model_checksum);
     return Status::Ok();
   };
   COLIBRI_TRY(load_model());

@@ -66,7 +66,4 @@ struct Generation {
 // any failure leaves nothing behind.
 Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool verify, Metrics& metrics);
 
-// Hex XXH3-64 of a span, "xxh3:0123456789abcdef".
-std::string xxh3_label(std::uint64_t value);
-
 }  // namespace colibri::server

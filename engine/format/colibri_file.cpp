@@ -129,6 +129,8 @@ std::uint64_t colibri_checksum(std::span<const std::uint8_t> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
+std::string checksum_label(std::uint64_t checksum) { return fmt::format("xxh3:{:016x}", checksum); }
+
 const ColibriTensor* ColibriImage::find(std::string_view name) const {
   for (const auto& t : tensors)
     if (t.name == name) return &t;
@@ -162,6 +164,7 @@ Result<ColibriImage> parse_colibri(std::span<const std::uint8_t> bytes, std::str
 
   ColibriImage image;
   image.header = h;
+  image.head_checksum = colibri_checksum(bytes.first(std::min<std::uint64_t>(h.data_offset, bytes.size())));
   image.metadata.assign(reinterpret_cast<const char*>(bytes.data() + h.metadata_offset), h.metadata_size);
   image.data = bytes.subspan(h.data_offset, h.data_size);
   const auto strings = bytes.subspan(h.strings_offset, h.strings_size);

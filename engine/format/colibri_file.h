@@ -69,6 +69,10 @@ struct ColibriExpert {
 // parse_colibri and live as long as they do.
 struct ColibriImage {
   ColibriHeader header;
+  // XXH3-64 of every byte before the data region (header, metadata, tensor
+  // directory and expert index, which holds each tensor's and block's
+  // checksum): the file's identity, shown as file_checksum() gives it.
+  std::uint64_t head_checksum = 0;
   std::string metadata;  // JSON text
   std::vector<ColibriTensor> tensors;
   std::vector<ColibriExpert> experts;
@@ -87,6 +91,12 @@ Result<ColibriImage> parse_colibri(std::span<const std::uint8_t> bytes, std::str
 
 // XXH3-64 of bytes: the checksum of every tensor and expert block.
 std::uint64_t colibri_checksum(std::span<const std::uint8_t> bytes);
+// "xxh3:<16 hex digits>".
+std::string checksum_label(std::uint64_t checksum);
+// A model file's checksum as colibri-inspect, the server's /v1/models and its
+// model_checksum option show it: checksum_label(image.head_checksum). Checked
+// data (verify_checksums) makes it stand for every byte of the file.
+inline std::string file_checksum(const ColibriImage& image) { return checksum_label(image.head_checksum); }
 
 // One failing checksum: a tensor name or "layer L expert E".
 struct ChecksumFailure {

@@ -78,6 +78,7 @@ ColibriSummary summarize_colibri(const ColibriImage& image, std::string_view sou
   ColibriSummary s;
   s.source = std::string(source);
   s.header = image.header;
+  s.checksum = file_checksum(image);
   s.tensors = image.tensors;
   s.experts = image.experts;
   read_metadata(image, s);
@@ -127,6 +128,7 @@ nlohmann::json colibri_summary_json(const ColibriSummary& s) {
   const ColibriHeader& h = s.header;
   nlohmann::json out = {
       {"file", s.source},
+      {"checksum", s.checksum},
       {"version", h.version},
       {"file_size", h.file_size},
       {"data_offset", h.data_offset},
@@ -223,6 +225,7 @@ std::string format_colibri_summary(const ColibriSummary& s, bool tensors) {
     out += fmt::format("{:<15}{}\n", label, text);
   };
   line("file", fmt::format("{} (.colibri v{}, {} bytes)", s.source, h.version, h.file_size));
+  line("checksum", s.checksum);
   if (s.config) {
     const ModelConfig& c = *s.config;
     line("architecture", fmt::format("{} (model_type {})", c.arch->display_name, c.arch->model_type));

@@ -40,6 +40,7 @@ struct ColibriFormatUse {
 struct ColibriSummary {
   std::string source;
   ColibriHeader header;
+  std::string checksum;  // file_checksum(image): what the server reports and model_checksum pins
 
   // From the metadata. `config` is empty when the metadata or its config does
   // not validate; `config_error` then says why (the structure is still shown).

@@ -633,6 +633,54 @@ TEST_F(ReloadTest, DebugRoutingLogsEachTokensExpertsWithItsRequestId) {
   EXPECT_NE(http_get(port, "/metrics").body.find("colibri_expert_tokens_total{layer=\"0\""), std::string::npos);
 }
 
+// RELIABILITY.md row 87: model_checksum pins the served model. The checksum
+// colibri-inspect prints is the one /v1/models reports; another file is
+// refused at start and on reload (the pinned model keeps serving); a new pin
+// in the config and a reload swap the other file in.
+TEST_F(ReloadTest, ModelChecksumPinsTheModelAtStartAndOnReload) {
+  auto inspected = [](const fs::path& file) {
+    const std::string command = std::string(COLIBRI_BINARY_DIR) + "/tools/colibri-inspect --json " + file.string();
+    std::string out;
+    if (FILE* pipe = popen(command.c_str(), "r")) {
+      char buffer[4096];
+      std::size_t n;
+      while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+      pclose(pipe);
+    }
+    return json::parse(out, nullptr, false).value("checksum", std::string());
+  };
+  const std::string a = inspected(model_), b = inspected(dir_ / "b.colibri");
+  ASSERT_EQ(a.rfind("xxh3:", 0), 0u) << a;
+  ASSERT_NE(a, b);
+
+  std::string error;
+  auto wrong = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--model-checksum", b}, error);
+  EXPECT_EQ(wrong, nullptr);
+  EXPECT_NE(error.find("is not the pinned model_checksum " + b), std::string::npos) << error;
+  auto malformed = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--model-checksum", "abc"}, error);
+  EXPECT_EQ(malformed, nullptr);
+  EXPECT_NE(error.find("model_checksum"), std::string::npos) << error;
+
+  const fs::path config = dir_ / ("pin-" + std::to_string(counter_) + ".json");
+  std::ofstream(config) << json{{"model_checksum", a}}.dump();
+  auto server = start({"--config", config.string(), "--watch-model", "off"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  EXPECT_EQ(checksum(port), a) << "/v1/models and colibri-inspect disagree";
+  replace_with(dir_ / "b.colibri");
+  auto refused = http_post(port, "/admin/reload", std::string("{}"));
+  EXPECT_EQ(refused.status, 422) << refused.body;
+  EXPECT_NE(refused.body.find("model_checksum"), std::string::npos) << refused.body;
+  EXPECT_EQ(checksum(port), a) << "the pinned model still serves";
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+
+  std::ofstream(config) << json{{"model_checksum", b}}.dump();
+  auto swapped = http_post(port, "/admin/reload", std::string("{}"));
+  ASSERT_EQ(swapped.status, 200) << swapped.body;
+  EXPECT_EQ(checksum(port), b);
+  fs::remove(config);
+}
+
 TEST_F(ReloadTest, InvalidRoutingOptionsRefuseToStartNamingThem) {
   std::vector<std::string> args = {"--model", model_.string(), "--grpc-port", "-1", "--routing-mode",
                                    "group-limited", "--routing-n-group", "3"};
