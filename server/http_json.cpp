@@ -9,7 +9,7 @@
 #include <limits>
 #include <random>
 
-#include "utf8.h"
+#include "core/utf8.h"
 
 namespace colibri::server {
 
@@ -500,11 +500,11 @@ nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<To
       json top = json::array();
       for (const TopLogprob& alternative : entry.top) {
         const std::string alt = token_bytes(alternative.token);
-        top.push_back({{"token", utf8_replace_invalid(alt)},
+        top.push_back({{"token", utf8_lossy(alt)},
                        {"logprob", logprob_value(alternative.logprob)},
                        {"bytes", byte_values(alt)}});
       }
-      content.push_back({{"token", utf8_replace_invalid(bytes)},
+      content.push_back({{"token", utf8_lossy(bytes)},
                          {"logprob", logprob_value(entry.logprob)},
                          {"bytes", byte_values(bytes)},
                          {"top_logprobs", std::move(top)}});
@@ -514,7 +514,7 @@ nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<To
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
   for (const TokenLogprob& entry : entries) {
     const std::string bytes = token_bytes(entry.token);
-    tokens.push_back(utf8_replace_invalid(bytes));
+    tokens.push_back(utf8_lossy(bytes));
     offsets.push_back(text_offset);
     text_offset += code_points(bytes);
     if (std::isnan(entry.logprob)) {  // an echoed prompt's first token
@@ -527,7 +527,7 @@ nlohmann::json logprobs_json(const TokenBytes& token_bytes, const std::vector<To
     // Alternatives whose texts coincide (byte tokens shown as U+FFFD) keep
     // the likelier one, which comes first.
     for (const TopLogprob& alternative : entry.top) {
-      const std::string text = utf8_replace_invalid(token_bytes(alternative.token));
+      const std::string text = utf8_lossy(token_bytes(alternative.token));
       if (!top.contains(text)) top[text] = logprob_value(alternative.logprob);
     }
     top_logprobs.push_back(std::move(top));

@@ -17,7 +17,7 @@
 #include "http_json.h"
 #include "logging.h"
 #include "request_log.h"
-#include "utf8.h"
+#include "core/utf8.h"
 
 namespace colibri::server {
 
@@ -75,7 +75,7 @@ std::string echo_text(const ActiveJob& job, const GenerationRequest& request) {
   if (!request.echo) return {};
   if (!request.prompt_tokens) return request.prompt;
   auto text = job.generation->model->tokenizer().decode(*request.prompt_tokens);
-  return text ? utf8_replace_invalid(*text) : std::string();
+  return text ? utf8_lossy(*text) : std::string();
 }
 
 // Per-stream state shared by the content provider and its releaser.
@@ -384,7 +384,7 @@ void HttpServer::install() {
                          "method_not_allowed"};
         res.set_header("Allow", route->method);
       } else {
-        error = ApiError::not_found(fmt::format("no route {} {}", req.method, utf8_replace_invalid(req.path.substr(0, 128))),
+        error = ApiError::not_found(fmt::format("no route {} {}", req.method, utf8_lossy(req.path.substr(0, 128))),
                                     "unknown_route");
       }
     } else if (res.status == 413) {

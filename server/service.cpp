@@ -9,7 +9,7 @@
 
 #include "kernels/reference.h"
 #include "moe/router.h"
-#include "utf8.h"
+#include "core/utf8.h"
 
 namespace colibri::server {
 
@@ -22,7 +22,7 @@ constexpr std::int64_t kMaxRouteExperts = 65536;
 // reflects a large payload.
 std::string quoted(std::string_view text) {
   constexpr std::size_t kMax = 64;
-  std::string out = utf8_replace_invalid(text.substr(0, kMax));
+  std::string out = utf8_lossy(text.substr(0, kMax));
   if (text.size() > kMax) out += "...";
   return out;
 }
@@ -432,7 +432,7 @@ Expected<std::string> Service::detokenize(std::string_view model, const std::vec
   }
   auto text = generation.model->tokenizer().decode(checked);
   if (!text) return ApiError::invalid(text.error().message, "tokens");
-  return utf8_replace_invalid(*text);
+  return utf8_lossy(*text);
 }
 
 Expected<RouteResult> Service::route(const RouteRequest& request) const {

@@ -4,4 +4,4 @@
 # tests/fuzz/fuzz_http_requests.cpp.
 set -euo pipefail
 exec bash "$(dirname "$0")/../fuzz/run_fuzzer.sh" "$1" fuzz_http_requests http_requests \
-  tests/fuzz/fuzz_http_requests.cpp server/http_json.cpp server/utf8.cpp server/api.cpp
+  tests/fuzz/fuzz_http_requests.cpp server/http_json.cpp engine/core/utf8.cpp server/api.cpp

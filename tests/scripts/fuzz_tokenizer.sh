@@ -8,5 +8,5 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 export COLIBRI_FUZZ_TOKENIZERS="$root/tests/data/fixtures/olmoe-tiny:$root/models/default:$root/tests/data/tokenizers/llama2"
 sources=(tests/fuzz/fuzz_tokenizer.cpp)
 for f in "$root"/engine/tokenizer/*.cpp; do sources+=("engine/tokenizer/$(basename "$f")"); done
-sources+=(engine/core/text_file.cpp)  # tokenizer_load.cpp reads files through it
+sources+=(engine/core/text_file.cpp engine/core/utf8.cpp)  # files are read, and UTF-8 checked, through them
 exec bash "$root/tests/fuzz/run_fuzzer.sh" "$1" fuzz_tokenizer tokenizer "${sources[@]}"

@@ -24,7 +24,7 @@
 #include "runtime/generator.h"
 #include "runtime/json_prefix.h"
 #include "server_harness.h"
-#include "utf8.h"
+#include "core/utf8.h"
 
 namespace colibri::test {
 namespace {
@@ -144,7 +144,7 @@ TEST_F(HttpServerTest, CompletionEqualsEngineGreedy) {
                          json{{"model", "qwen3moe-tiny"}, {"prompt", prompt}, {"max_tokens", 24},
                               {"temperature", 0}, {"return_token_ids", true}});
     ASSERT_EQ(res.status, 200) << res.body;
-    ASSERT_EQ(server::find_invalid_utf8(res.body), std::string::npos);
+    ASSERT_EQ(colibri::find_invalid_utf8(res.body), std::string::npos);
     auto body = res.json_body();
     const auto& choice = body["choices"][0];
     EXPECT_EQ(choice["token_ids"].get<std::vector<std::int32_t>>(), expected.tokens) << prompt;
@@ -252,13 +252,13 @@ TEST_F(HttpServerTest, CompletionLogprobsAreTheModelsLogSoftmax) {
       const double expected = static_cast<double>(logits[static_cast<std::size_t>(token)]) - logits[static_cast<std::size_t>(ranked[0].second)] + ranked[0].first;
       EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), expected, 1e-4) << "step " << i;
       const std::string bytes = model_->tokenizer().token_bytes(token);
-      EXPECT_EQ(lp["tokens"][i], server::utf8_replace_invalid(bytes));
+      EXPECT_EQ(lp["tokens"][i], colibri::utf8_lossy(bytes));
       EXPECT_EQ(lp["text_offset"][i], offset);
       offset += code_points(bytes);
       const json& top = lp["top_logprobs"][i];
       EXPECT_LE(top.size(), static_cast<std::size_t>(kTop));
       for (int k = 0; k < kTop; ++k) {
-        const std::string text = server::utf8_replace_invalid(model_->tokenizer().token_bytes(ranked[k].second));
+        const std::string text = colibri::utf8_lossy(model_->tokenizer().token_bytes(ranked[k].second));
         ASSERT_TRUE(top.contains(text)) << "rank " << k << " '" << text << "' in " << top;
         // Texts shared by several ids keep the likelier one.
         EXPECT_GE(top[text].get<double>(), ranked[k].first - 1e-4);
@@ -297,7 +297,7 @@ TEST_F(HttpServerTest, EchoWithLogprobsScoresThePrompt) {
   const auto generated = choice["token_ids"].get<std::vector<std::int32_t>>();
   ASSERT_EQ(generated.size(), 1u);
   EXPECT_EQ(choice["text"].get<std::string>(),
-            *prompt_text + server::utf8_replace_invalid(model_->tokenizer().token_bytes(generated[0])));
+            *prompt_text + colibri::utf8_lossy(model_->tokenizer().token_bytes(generated[0])));
 
   std::vector<std::int32_t> all = ids;
   all.push_back(generated[0]);
@@ -306,7 +306,7 @@ TEST_F(HttpServerTest, EchoWithLogprobsScoresThePrompt) {
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::string bytes = model_->tokenizer().token_bytes(all[i]);
-    EXPECT_EQ(lp["tokens"][i], server::utf8_replace_invalid(bytes)) << i;
+    EXPECT_EQ(lp["tokens"][i], colibri::utf8_lossy(bytes)) << i;
     EXPECT_EQ(lp["text_offset"][i], offset) << i;
     offset += code_points(bytes);
     if (i == 0) {
@@ -320,7 +320,7 @@ TEST_F(HttpServerTest, EchoWithLogprobsScoresThePrompt) {
                             logits[static_cast<std::size_t>(ranked[0].second)] + ranked[0].first;
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), expected, 1e-4) << "position " << i;
     EXPECT_LE(lp["top_logprobs"][i].size(), static_cast<std::size_t>(kTop));
-    const std::string best = server::utf8_replace_invalid(model_->tokenizer().token_bytes(ranked[0].second));
+    const std::string best = colibri::utf8_lossy(model_->tokenizer().token_bytes(ranked[0].second));
     ASSERT_TRUE(lp["top_logprobs"][i].contains(best)) << lp["top_logprobs"][i];
     EXPECT_NEAR(lp["top_logprobs"][i][best].get<double>(), ranked[0].first, 1e-4);
     if (i + 1 < all.size()) {
@@ -508,7 +508,7 @@ TEST_F(HttpServerTest, ChatLogprobsStreamingAndNot) {
     const auto bytes = entry["bytes"].get<std::vector<int>>();
     const std::string raw(bytes.begin(), bytes.end());
     joined += raw;
-    EXPECT_EQ(entry["token"], server::utf8_replace_invalid(raw));
+    EXPECT_EQ(entry["token"], colibri::utf8_lossy(raw));
     EXPECT_LE(entry["logprob"].get<double>(), 0.0);
     ASSERT_EQ(entry["top_logprobs"].size(), 2u);
     EXPECT_GE(entry["top_logprobs"][0]["logprob"].get<double>(), entry["top_logprobs"][1]["logprob"].get<double>());
@@ -516,7 +516,7 @@ TEST_F(HttpServerTest, ChatLogprobsStreamingAndNot) {
     EXPECT_EQ(entry["top_logprobs"][0]["bytes"], entry["bytes"]);
     EXPECT_DOUBLE_EQ(entry["top_logprobs"][0]["logprob"].get<double>(), entry["logprob"].get<double>());
   }
-  EXPECT_EQ(server::utf8_replace_invalid(joined), choice["message"]["content"].get<std::string>());
+  EXPECT_EQ(colibri::utf8_lossy(joined), choice["message"]["content"].get<std::string>());
 
   json streamed_request = request;
   streamed_request["stream"] = true;
@@ -655,11 +655,11 @@ TEST_F(HttpServerTest, InvalidUtf8OutputBecomesReplacementCharacters) {
   // as U+FFFD, never as raw bytes or an error.
   std::int32_t partial = -1;
   for (std::int32_t id = 0; id < 506 && partial < 0; ++id)
-    if (server::find_invalid_utf8(model_->tokenizer().token_bytes(id)) != std::string::npos) partial = id;
+    if (colibri::find_invalid_utf8(model_->tokenizer().token_bytes(id)) != std::string::npos) partial = id;
   ASSERT_GE(partial, 0);
   auto res = http_post(port(), "/detokenize", json{{"tokens", {partial}}});
   ASSERT_EQ(res.status, 200);
-  EXPECT_EQ(server::find_invalid_utf8(res.body), std::string::npos);
+  EXPECT_EQ(colibri::find_invalid_utf8(res.body), std::string::npos);
   EXPECT_NE(res.json_body()["prompt"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos);
 }
 

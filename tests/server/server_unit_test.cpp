@@ -26,7 +26,7 @@
 #include "scheduler.h"
 #include "sd_notify.h"
 #include "service.h"
-#include "utf8.h"
+#include "core/utf8.h"
 
 namespace colibri::server {
 namespace {
@@ -236,10 +236,10 @@ TEST(ServerUtf8, FindsTheFirstInvalidByte) {
 
 TEST(ServerUtf8, ReplacesMaximalSubpartsLikePython) {
   // Python: b"a\xe2\x82b\xff\xf0\x9f".decode("utf-8", "replace") == "a\ufffdb\ufffd\ufffd"
-  EXPECT_EQ(utf8_replace_invalid("a\xE2\x82" "b\xFF\xF0\x9F"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(utf8_lossy("a\xE2\x82" "b\xFF\xF0\x9F"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD");
   // b"\xed\xa0\x80".decode("utf-8", "replace") == "\ufffd\ufffd\ufffd"
-  EXPECT_EQ(utf8_replace_invalid("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
-  EXPECT_EQ(utf8_replace_invalid("ok \xE2\x82\xAC"), "ok \xE2\x82\xAC");
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(utf8_lossy("ok \xE2\x82\xAC"), "ok \xE2\x82\xAC");
 }
 
 TEST(ServerMetrics, RenderIsValidPrometheusText) {
