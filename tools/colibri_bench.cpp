@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
       "  colibri-bench --model models/default --routing all --routing-text held-out.txt\n"};
   std::string model_path, cores_text;
   std::int32_t threads = colibri::ThreadTeam::available_cores();
-  std::int32_t prompt_tokens = 128, gen_tokens = 64, requests = 3, warmup = 1, passes = 5;
+  std::int32_t prompt_tokens = 128, gen_tokens = 64, requests = 3, warmup = 1, passes = 5, adjacent_passes = 2;
   std::size_t bandwidth_mib = 0;
   std::uint64_t seed = 1;
   float temperature = 0.0f;
@@ -296,6 +296,12 @@ int main(int argc, char** argv) {
   app.add_option("--bandwidth-passes", passes, "Timed passes of the read test")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  app.add_option("--adjacent-bandwidth-passes", adjacent_passes,
+                 "Timed passes of a read test run just before each timed request (0: none). On a shared "
+                 "machine bandwidth moves within seconds; each request's decode rate is also divided by "
+                 "the bandwidth measured next to it (roofline fraction, adjacent)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
   app.add_option("--prefill-batch", prefill_batch,
                  "Most prompt tokens per forward pass of Session::prefill (its prefill_batch)")
       ->capture_default_str()
@@ -533,16 +539,42 @@ int main(int argc, char** argv) {
 
   for (std::int32_t i = 0; i < warmup; ++i)
     if (auto r = run_request(false); !r) return fail(r.error().message);
-  const colibri::benchtool::Faults faults_before = colibri::benchtool::process_faults();
-  const double cpu_before = colibri::benchtool::process_cpu_seconds();
-  const auto timed_start = Clock::now();
+  // The load and warm-up peak; each timed request's own peak is added below.
+  std::uint64_t peak_rss = colibri::benchtool::peak_rss_bytes().value_or(0);
+  const std::size_t read_buffer_bytes =
+      bandwidth_mib > 0 ? bandwidth_mib << 20 : colibri::bench::default_read_buffer_bytes();
+  std::string adjacent_note;
+  // The adjacent read tests' buffer must not count as the process's peak.
+  if (adjacent_passes > 0 && !colibri::benchtool::reset_peak_rss()) {
+    adjacent_note = "no adjacent read tests: /proc/self/clear_refs is not writable, so their buffer would "
+                    "count as the peak RSS";
+    adjacent_passes = 0;
+  }
+  // Faults, CPU time and wall time are summed over the requests only, not the
+  // read tests between them (whose first touch alone faults in every page).
+  colibri::benchtool::Faults timed_faults;
+  double timed_cpu = 0, timed_seconds = 0;
+  std::vector<double> adjacent_bandwidth;  // bytes per second, best pass, one per timed request
   std::vector<RequestResult> results;
   for (std::int32_t i = 0; i < requests; ++i) {
+    if (adjacent_passes > 0) {
+      adjacent_bandwidth.push_back(
+          colibri::bench::measure_memory_bandwidth(threads, cores, read_buffer_bytes, adjacent_passes).best);
+      colibri::benchtool::reset_peak_rss();
+    }
+    const colibri::benchtool::Faults faults_before = colibri::benchtool::process_faults();
+    const double cpu_before = colibri::benchtool::process_cpu_seconds();
+    const auto request_start = Clock::now();
     auto r = run_request(true);
     if (!r) return fail(r.error().message);
+    timed_seconds += seconds_since(request_start);
+    timed_cpu += colibri::benchtool::process_cpu_seconds() - cpu_before;
+    const colibri::benchtool::Faults faults_after = colibri::benchtool::process_faults();
+    timed_faults.minor += faults_after.minor - faults_before.minor;
+    timed_faults.major += faults_after.major - faults_before.major;
+    peak_rss = std::max(peak_rss, colibri::benchtool::peak_rss_bytes().value_or(0));
     results.push_back(std::move(*r));
   }
-  const double timed_seconds = seconds_since(timed_start);
   if (!step_times_path.empty()) {
     std::FILE* out = std::fopen(step_times_path.c_str(), "w");
     if (out == nullptr) return fail("cannot write " + step_times_path);
@@ -558,11 +590,8 @@ int main(int argc, char** argv) {
   // How much of the time the team actually had its cores (waiting members
   // spin, so they count as busy): well below 1 means other processes took
   // the CPUs and every rate above is lowered by them.
-  const double cpu_share =
-      (colibri::benchtool::process_cpu_seconds() - cpu_before) / (std::max(timed_seconds, 1e-9) * threads);
+  const double cpu_share = timed_cpu / (std::max(timed_seconds, 1e-9) * threads);
   const colibri::benchtool::Faults faults_after = colibri::benchtool::process_faults();
-  // Read before the bandwidth test, whose buffer would otherwise be the peak.
-  const std::uint64_t peak_rss = colibri::benchtool::peak_rss_bytes().value_or(0);
 
   // Prefill tokens per second of the team's CPU time (threads x CPU seconds
   // actually received): what the prefill rate would be had the team had its
@@ -636,10 +665,15 @@ int main(int argc, char** argv) {
   const double rss_budget = 1.05 * static_cast<double>(file_size) + static_cast<double>(kv_bytes);
 
   std::vector<std::int32_t> read_cores = cores;
-  const colibri::bench::ReadBandwidth bandwidth = colibri::bench::measure_memory_bandwidth(
-      threads, read_cores, bandwidth_mib > 0 ? bandwidth_mib << 20 : colibri::bench::default_read_buffer_bytes(),
-      passes);
+  const colibri::bench::ReadBandwidth bandwidth =
+      colibri::bench::measure_memory_bandwidth(threads, read_cores, read_buffer_bytes, passes);
   const double roofline = bandwidth.best > 0 ? static_cast<double>(traffic.total()) * decode_rate / bandwidth.best : 0;
+  // Each request's decode rate over the read test just before it.
+  std::vector<double> adjacent_rooflines;
+  for (std::size_t i = 0; i < adjacent_bandwidth.size() && i < decode_rates.size(); ++i)
+    if (adjacent_bandwidth[i] > 0)
+      adjacent_rooflines.push_back(static_cast<double>(traffic.total()) * decode_rates[i] / adjacent_bandwidth[i]);
+  const double adjacent_roofline = adjacent_rooflines.empty() ? 0 : median(adjacent_rooflines);
 
   // The expert store over the timed decode steps, and the disk it reads from,
   // measured in this run: at a small budget decode is bounded by disk
@@ -736,8 +770,8 @@ int main(int argc, char** argv) {
   const std::string routing_text = routing_text_path.empty() ? std::string("random prompts") : routing_text_path;
 
   const double fault_window = std::max(timed_seconds, 1e-9);
-  const auto minor = faults_after.minor - faults_before.minor;
-  const auto major = faults_after.major - faults_before.major;
+  const auto minor = timed_faults.minor;
+  const auto major = timed_faults.major;
 
   nlohmann::json arenas = nlohmann::json::array();
   for (std::int32_t m = 0; m < team.size(); ++m) {
@@ -836,6 +870,16 @@ int main(int argc, char** argv) {
         {"embedding", traffic.embedding},
         {"lm_head", traffic.lm_head}}},
       {"roofline_fraction", roofline},
+      {"roofline_fraction_adjacent", adjacent_rooflines.empty() ? nlohmann::json(nullptr) : nlohmann::json(adjacent_roofline)},
+      {"memory_bandwidth_adjacent",
+       {{"passes", adjacent_passes},
+        {"best_GBps_per_request", [&] {
+           nlohmann::json values = nlohmann::json::array();
+           for (double b : adjacent_bandwidth) values.push_back(b / 1e9);
+           return values;
+         }()},
+        {"roofline_fraction_per_request", adjacent_rooflines},
+        {"note", adjacent_note}}},
       {"scratch_arenas", arenas},
       {"thread_pinning", pinning},
       {"team_pin_errors", team.pin_errors()},
@@ -913,6 +957,16 @@ int main(int argc, char** argv) {
                    bandwidth.best / 1e9, bandwidth.median / 1e9, bandwidth.threads, bandwidth.isa,
                    bandwidth.buffer_bytes >> 20, bandwidth.pages, bandwidth.passes));
   line("roofline fraction", fmt::format("{:.1f} % of the best measured bandwidth", roofline * 100));
+  if (!adjacent_rooflines.empty()) {
+    std::vector<double> gbps;
+    for (double b : adjacent_bandwidth) gbps.push_back(b / 1e9);
+    line("  adjacent", fmt::format("{:.1f} % (median over requests of each one's decode rate over the read test run "
+                                   "just before it: {:.1f}-{:.1f} GB/s)",
+                                   adjacent_roofline * 100, *std::min_element(gbps.begin(), gbps.end()),
+                                   *std::max_element(gbps.begin(), gbps.end())));
+  } else if (!adjacent_note.empty()) {
+    line("  adjacent", adjacent_note);
+  }
   if (store) {
     line("expert store (decode)", store_line);
     line("expert store preload", preload_line);

@@ -77,6 +77,19 @@ timed = sum(doc["prompt_tokens"] / r["prefill_tokens_per_s"] + doc["gen_tokens"]
             for r in doc["per_request"])
 need(doc["cpu_share"] > 0 and (timed < 0.05 or doc["cpu_share"] <= 1.2), "cpu share")
 need(doc["memory_bandwidth"]["best_GBps"] >= doc["memory_bandwidth"]["median_GBps"], "best >= median bandwidth")
+# A read test before each timed request (default 2 passes), each request's
+# decode rate divided by its own: unless /proc/self/clear_refs refuses (said).
+adjacent = doc["memory_bandwidth_adjacent"]
+if adjacent["note"]:
+    need(adjacent["passes"] == 0 and doc["roofline_fraction_adjacent"] is None, "adjacent tests off, said why")
+else:
+    need(adjacent["passes"] == 2 and len(adjacent["best_GBps_per_request"]) == 2
+         and all(b > 0 for b in adjacent["best_GBps_per_request"]), "adjacent read tests, one per request")
+    need(len(adjacent["roofline_fraction_per_request"]) == 2 and doc["roofline_fraction_adjacent"] > 0,
+         "adjacent roofline")
+    rooflines = sorted(adjacent["roofline_fraction_per_request"])
+    need(abs(doc["roofline_fraction_adjacent"] - (rooflines[0] + rooflines[1]) / 2) < 1e-9
+         or doc["roofline_fraction_adjacent"] in rooflines, "adjacent roofline is the median")
 need(doc["file_bytes"] == os.path.getsize(sys.argv[2]), "file size")
 step = doc["bytes_per_decode_step"]
 need(step["total"] == step["attention"] + step["router"] + step["experts"] + step["embedding"] + step["lm_head"], "bytes sum")

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -54,6 +55,13 @@ double process_cpu_seconds() {
 
 std::optional<std::uint64_t> peak_rss_bytes() { return kib_field("VmHWM"); }
 std::optional<std::uint64_t> current_rss_bytes() { return kib_field("VmRSS"); }
+
+bool reset_peak_rss() {
+  std::FILE* file = std::fopen("/proc/self/clear_refs", "w");
+  if (file == nullptr) return false;
+  const bool written = std::fputs("5", file) >= 0;
+  return std::fclose(file) == 0 && written;
+}
 
 std::string thread_cpus_allowed(pid_t tid) {
   return status_field("/proc/self/task/" + std::to_string(tid) + "/status", "Cpus_allowed_list").value_or("");

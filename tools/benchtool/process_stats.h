@@ -24,6 +24,9 @@ double process_cpu_seconds();
 // nullopt when unreadable.
 std::optional<std::uint64_t> peak_rss_bytes();
 std::optional<std::uint64_t> current_rss_bytes();
+// Sets VmHWM back to the current RSS (writes 5 to /proc/self/clear_refs), so
+// a buffer freed since no longer counts as the peak; false when refused.
+bool reset_peak_rss();
 
 // Cpus_allowed_list of one thread of this process ("3", "0-1"); empty when
 // unreadable.
