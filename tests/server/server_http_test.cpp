@@ -1210,6 +1210,31 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
   const json in_parts = json::parse(answer.substr(answer.find("\r\n\r\n") + 4), nullptr, false);
   EXPECT_EQ(in_parts, at_once.json_body()) << "the body read in parts differs from the one sent at once";
 
+  // Two large requests pipelined on one connection: the gate reads only the
+  // first one's bytes, and the second is read in its turn.
+  const int pipelined = connect_loopback(server->port());
+  ASSERT_GE(pipelined, 0);
+  const std::string both = request + request;
+  std::thread sender([&] { send(pipelined, both.data(), both.size(), MSG_NOSIGNAL); });
+  std::string answers;
+  const auto pipelined_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto count_200 = [&] {
+    std::size_t n = 0;
+    for (std::size_t at = answers.find("HTTP/1.1 200"); at != std::string::npos; at = answers.find("HTTP/1.1 200", at + 1)) ++n;
+    return n;
+  };
+  while (count_200() < 2 && std::chrono::steady_clock::now() < pipelined_deadline) {
+    pollfd p{pipelined, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buffer[65536];
+    const ssize_t got = recv(pipelined, buffer, sizeof(buffer), 0);
+    if (got <= 0) break;
+    answers.append(buffer, static_cast<std::size_t>(got));
+  }
+  sender.join();
+  close(pipelined);
+  EXPECT_EQ(count_200(), 2u) << answers.substr(0, 300);
+
   for (const int stalled_fd : stalled) {
     const std::string got = read_until_closed(stalled_fd, 4000);
     EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got.substr(0, 200);
