@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/arena.h"
+#include "core/system_memory.h"
 #include "format/gguf_source.h"
 #include "format/safetensors_source.h"
 #include "model/tensor_plan.h"
@@ -39,6 +40,15 @@ class HfLoader {
       total += static_cast<std::size_t>(t.rows) * static_cast<std::size_t>(t.cols);
     }
 
+    // Converted to f32 in this process's memory: a checkpoint larger than
+    // what is left would be half-filled and then OOM-killed, taking a
+    // serving process with it. Refused by arithmetic instead.
+    const std::uint64_t needed = static_cast<std::uint64_t>(total) * sizeof(float);
+    if (const std::uint64_t available = available_memory(); needed > available)
+      return make_error("{}: not enough memory to convert this checkpoint at load: its {} weights need {} MiB as "
+                        "f32, {} MiB are available (MemAvailable, cgroup memory limit); convert it once with "
+                        "colibri-convert --quant int8 (or int4) and load the .colibri file, which is mapped, not copied",
+                        source_.describe(), total, needed >> 20, available >> 20);
     model_.storage_.resize(total);
     model_.weight_bytes_ = total * sizeof(float);
     std::size_t offset = 0;
