@@ -1,4 +1,5 @@
 #include "core/mapped_file.h"
+#include "core/system_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -51,6 +52,14 @@ Result<MappedFile> MappedFile::copy(int fd, const std::filesystem::path& path) {
   file.path_ = path;
   file.size_ = static_cast<std::size_t>(st.st_size);
   if (file.size_ == 0) return file;
+  // Anonymous memory is promised lazily: a copy larger than what is left
+  // would be allocated, half-filled and then OOM-killed (with a server, in the
+  // middle of a reload). Refused by arithmetic instead.
+  if (const std::uint64_t available = available_memory(); file.size_ > available)
+    return make_error("{}: not enough memory to copy the weights into memory: the file is {} MiB, {} MiB are "
+                      "available (MemAvailable, cgroup memory limit); map it instead (model_memory map or auto, "
+                      "--weights map or auto)",
+                      path.string(), file.size_ >> 20, available >> 20);
   auto arena = Arena::create(file.size_);
   if (!arena) return make_error("{}: cannot allocate {} MiB to copy the file into: {}", path.string(),
                                 file.size_ >> 20, arena.error().message);

@@ -6,7 +6,7 @@
 # and colibri-server refuses to start. The checkpoint here is the Qwen3-MoE
 # fixture with hidden 2^20 and vocabulary 65536 (about 140 G weights, 550 GB as
 # f32), written as a sparse file: only its header and a few bytes are real, and
-# nothing reads the rest.
+# nothing reads the rest. The same for a .colibri file copied into memory.
 set -euo pipefail
 build_dir=$1
 data_dir=$2
@@ -70,4 +70,20 @@ set -e
 [[ $status -eq 1 ]] || fail "colibri-server exited $status, not 1: $(tail -c 400 "$work/server.err")"
 grep -q "not enough memory to convert this checkpoint at load" "$work/server.err" ||
   fail "colibri-server's error does not say why: $(tail -c 400 "$work/server.err")"
+# The same for a .colibri file copied into memory (--weights copy,
+# model_memory copy): a file as large as the machine's RAM (sparse here) is
+# refused before the copy is allocated. The address-space limit turns a
+# missing check into a failed allocation instead of an OOM kill of the test.
+total_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
+truncate -s "${total_kib}K" "$work/ram-sized.colibri"
+set +e
+(ulimit -v $((total_kib / 2)); exec "$build_dir/tools/colibri-run" --model "$work/ram-sized.colibri" --weights copy \
+  --prompt x --max-tokens 1) > "$work/copy.out" 2> "$work/copy.err"
+status=$?
+set -e
+[[ $status -ne 0 ]] || fail "colibri-run copied a file as large as the RAM"
+grep -q "not enough memory to copy the weights into memory" "$work/copy.err" ||
+  fail "the copy's refusal does not say why: $(head -c 400 "$work/copy.err")"
+grep -q "map it instead" "$work/copy.err" || fail "the copy's refusal does not give the way out"
+
 echo "convert_at_load_memory: ok ($(grep -o 'weights need [0-9]* MiB as f32, [0-9]* MiB are available' "$work/run.err"))"
