@@ -6,7 +6,9 @@
 #include <grpcpp/impl/codegen/client_unary_call.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <future>
 
 #include "colibri.grpc.pb.h"
 #include "model/model.h"
@@ -535,6 +537,64 @@ TEST(GrpcListenTest, HealthIsNotServingWhileTheFirstModelLoads) {
   EXPECT_EQ(health, std::string("\x08\x01", 2)) << "not SERVING 30 s after start";
   grpc::ClientContext after;
   EXPECT_TRUE(stub->GetModelInfo(&after, pb::GetModelInfoRequest(), &info).ok());
+}
+
+// RELIABILITY.md 1E, rows 66-67, over gRPC: with the only session held and
+// the queue full, Generate gets RESOURCE_EXHAUSTED (HTTP's 429); a message
+// over max_body_bytes gets RESOURCE_EXHAUSTED from gRPC itself; the server
+// serves on.
+TEST(GrpcAdmissionTest, FullQueueAndOversizedMessagesAreResourceExhausted) {
+  std::string error;
+  auto server = ServerProcess::start(
+      {"--grpc-port", "0", "--max-sessions", "1", "--max-queue", "1", "--max-body-bytes", "65536"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  std::atomic<bool> holding{false}, release{false};
+  auto holder = std::async(std::launch::async, [&] {
+    return http_stream(port, "/v1/completions",
+                       json{{"prompt", "hold"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}},
+                       [&](const json&) {
+                         holding = true;
+                         return !release.load();
+                       });
+  });
+  for (int i = 0; i < 500 && !holding; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(holding) << "the first stream never started";
+  auto queued = std::async(std::launch::async, [&] {
+    return http_post(port, "/v1/completions", json{{"prompt", "queued"}, {"max_tokens", 3}});
+  });
+  for (int i = 0; i < 200 && metric_value(http_get(port, "/metrics").body, "colibri_queue_depth") != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(metric_value(http_get(port, "/metrics").body, "colibri_queue_depth"), 1);
+
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->grpc_port()), grpc::InsecureChannelCredentials());
+  auto stub = pb::Colibri::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::GenerateRequest request;
+    request.set_prompt("rejected");
+    auto reader = stub->Generate(&ctx, request);
+    pb::GenerateChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    const grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  }
+  release = true;
+  holder.get();
+  EXPECT_EQ(queued.get().status, 200);
+
+  grpc::ClientContext big;
+  big.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  pb::TokenizeRequest oversized;
+  oversized.set_text(std::string(100000, 'a'));
+  pb::TokenizeResponse tokens;
+  EXPECT_EQ(stub->Tokenize(&big, oversized, &tokens).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  grpc::ClientContext after;
+  pb::TokenizeRequest small;
+  small.set_text("still serving");
+  EXPECT_TRUE(stub->Tokenize(&after, small, &tokens).ok());
+  EXPECT_EQ(health_check(channel.get()), std::string("\x08\x01", 2));
 }
 
 // gRPC sets SO_REUSEPORT by default; a second server on the same gRPC port must
