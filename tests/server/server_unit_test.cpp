@@ -3,6 +3,7 @@
 // text, API-key comparison, chat templates and the service's request checks
 // (no sockets).
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "sd_notify.h"
 #include "service.h"
 #include "core/utf8.h"
+#include "logging.h"
 
 namespace colibri::server {
 namespace {
@@ -240,6 +242,24 @@ TEST(ServerUtf8, ReplacesMaximalSubpartsLikePython) {
   // b"\xed\xa0\x80".decode("utf-8", "replace") == "\ufffd\ufffd\ufffd"
   EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(utf8_lossy("ok \xE2\x82\xAC"), "ok \xE2\x82\xAC");
+}
+
+// RELIABILITY.md 1G, row 85: a logged value with CR/LF or an ANSI escape
+// cannot start a line of its own or recolour a terminal; it appears escaped
+// (\x0d\x0a), in the ring behind /admin/logs as in the other sinks.
+TEST(ServerLogging, ControlCharactersAreEscapedNotForgingLines) {
+  ASSERT_TRUE(logging::init("info", "", 16).ok());
+  spdlog::info("model={}", "x\r\n2026-11-30T00:00:00.000 info FORGED\x1b[31m red\x7f");
+  spdlog::default_logger()->flush();
+  std::vector<std::string> lines;
+  for (int i = 0; i < 200 && (lines = logging::recent(16)).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  logging::shutdown();
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string& line = lines.front();
+  EXPECT_NE(line.find("model=x\\x0d\\x0a2026-11-30T00:00:00.000 info FORGED\\x1b[31m red\\x7f"), std::string::npos)
+      << line;
+  for (const char c : line) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7f) << line;
 }
 
 TEST(ServerMetrics, RenderIsValidPrometheusText) {
