@@ -1242,6 +1242,38 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
   }
 }
 
+// RELIABILITY.md 1E, row 61: the same for a streaming request (llama.cpp's
+// server once kept prefilling after such a client left): it holds a session
+// and has its headers, but no token has been sent when the client closes.
+TEST_F(HttpServerTest, ClosingAStreamDuringPrefillFreesItsSession) {
+  const std::string cancelled = "colibri_generations_total{reason=\"cancelled\"}";
+  const double cancelled_before = std::max(0.0, metric_value(http_get(port(), "/metrics").body, cancelled));
+  std::vector<std::int32_t> prompt(4000);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>((i * 11 + 3) % 500);
+  const std::string body = json{{"prompt", prompt}, {"max_tokens", 1}, {"ignore_eos", true}, {"stream", true}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int fd = connect_loopback(port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  for (int i = 0; i < 200 && metric_value(http_get(port(), "/metrics").body, "colibri_active_sessions") < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::string got;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10) <= 0) continue;
+    char buffer[4096];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    got.append(buffer, static_cast<std::size_t>(n));
+  }
+  close(fd);
+  ASSERT_EQ(got.find("data: {"), std::string::npos) << "a token came before the client left; make the prompt longer";
+  EXPECT_LT(seconds_until_idle(port(), 10), 1.0);
+  EXPECT_EQ(metric_value(http_get(port(), "/metrics").body, cancelled), cancelled_before + 1);
+}
+
 // Keep-alive connections come back to the gate between requests and are
 // served again.
 TEST(HttpListenTest, KeepAliveConnectionsServeSeveralRequests) {

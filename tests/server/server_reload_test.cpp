@@ -15,6 +15,7 @@
 
 #include "core/system_memory.h"
 #include "model/model.h"
+#include "../format/colibri_test_util.h"
 #include "server_harness.h"
 
 namespace colibri::test {
@@ -679,6 +680,38 @@ TEST_F(ReloadTest, ModelChecksumPinsTheModelAtStartAndOnReload) {
   ASSERT_EQ(swapped.status, 200) << swapped.body;
   EXPECT_EQ(checksum(port), b);
   fs::remove(config);
+}
+
+// RELIABILITY.md 1F, row 71: a replacement whose architecture this build does
+// not know (a valid file otherwise: its header resealed after the edit) fails
+// the reload with a 422 naming it, and the old model keeps serving.
+TEST_F(ReloadTest, AReplacementOfAnUnknownArchitectureKeepsTheOldModel) {
+  auto server = start({"--watch-model", "off"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string before = checksum(port);
+  std::ifstream in(dir_ / "b.colibri", std::ios::binary);
+  colibri_test::Bytes bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto metadata_at = static_cast<std::size_t>(colibri_test::get<std::uint64_t>(bytes, colibri_test::kMetadataOffsetField));
+  const std::string metadata(reinterpret_cast<const char*>(bytes.data() + metadata_at),
+                             colibri_test::get<std::uint64_t>(bytes, colibri_test::kMetadataSizeField));
+  const std::size_t key = metadata.find("\"model_type\"");
+  ASSERT_NE(key, std::string::npos);
+  const std::size_t value = metadata.find("qwen3_moe", key);
+  ASSERT_NE(value, std::string::npos);
+  bytes[metadata_at + value] = 'x';  // "xwen3_moe"
+  colibri_test::reseal(bytes);
+  const fs::path unknown = dir_ / ("unknown-" + std::to_string(counter_) + ".colibri");
+  std::ofstream(unknown, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                 static_cast<std::streamsize>(bytes.size()));
+  replace_with(unknown);
+  fs::remove(unknown);
+  auto refused = http_post(port, "/admin/reload", std::string("{}"));
+  EXPECT_EQ(refused.status, 422) << refused.body;
+  EXPECT_NE(refused.body.find("xwen3_moe"), std::string::npos) << refused.body;
+  EXPECT_EQ(http_get(port, "/ready").status, 200);
+  EXPECT_EQ(checksum(port), before) << "the old model still serves";
+  EXPECT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
 }
 
 TEST_F(ReloadTest, InvalidRoutingOptionsRefuseToStartNamingThem) {
