@@ -14,6 +14,7 @@
 
 #include "connection_probe.h"
 #include "gated_server.h"
+#include "http_routes.h"
 #include "http_json.h"
 #include "logging.h"
 #include "request_log.h"
@@ -51,13 +52,13 @@ void send_anthropic_error(httplib::Response& res, const ApiError& error) {
 // The request and response shapes a generation route speaks.
 enum class Api { Completions, Chat, AnthropicMessages };
 
-const HttpServer::RouteInfo* match_route(const std::string& method, const std::string& path, bool any_method) {
+const HttpRoute* match_route(const std::string& method, const std::string& path, bool any_method) {
   static const auto compiled = [] {
     std::vector<std::regex> patterns;
-    for (const auto& route : HttpServer::routes()) patterns.emplace_back(route.pattern);
+    for (const auto& route : http_routes()) patterns.emplace_back(route.pattern);
     return patterns;
   }();
-  const auto& routes = HttpServer::routes();
+  const auto& routes = http_routes();
   for (std::size_t i = 0; i < routes.size(); ++i)
     if ((any_method || method == routes[i].method) && std::regex_match(path, compiled[i])) return &routes[i];
   return nullptr;
@@ -235,28 +236,6 @@ bool write_anthropic_stream(StreamState& state, httplib::DataSink& sink) {
 
 }  // namespace
 
-const std::vector<HttpServer::RouteInfo>& HttpServer::routes() {
-  static const std::vector<RouteInfo> kRoutes = {
-      {"GET", "/health", "/health"},
-      {"GET", "/ready", "/ready"},
-      {"GET", "/metrics", "/metrics"},
-      {"GET", "/v1/models", "/v1/models"},
-      {"GET", "/v1/models/(.+)", "/v1/models/{id}"},
-      {"POST", "/v1/completions", "/v1/completions"},
-      {"POST", "/v1/chat/completions", "/v1/chat/completions"},
-      {"POST", "/v1/messages", "/v1/messages"},
-      {"POST", "/v1/messages/count_tokens", "/v1/messages/count_tokens"},
-      {"POST", "/tokenize", "/tokenize"},
-      {"POST", "/detokenize", "/detokenize"},
-      {"POST", "/v1/route", "/v1/route"},
-      {"GET", "/admin/config", "/admin/config"},
-      {"POST", "/admin/reload", "/admin/reload"},
-      {"GET", "/admin/logs", "/admin/logs"},
-      {"POST", "/admin/log-level", "/admin/log-level"},
-  };
-  return kRoutes;
-}
-
 HttpServer::HttpServer(Service& service, ModelHost* host)
     : service_(service),
       host_(host),
@@ -379,7 +358,7 @@ void HttpServer::install() {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // a handler's own error
     ApiError error;
     if (res.status == 404) {
-      if (const RouteInfo* route = match_route(req.method, req.path, true)) {
+      if (const HttpRoute* route = match_route(req.method, req.path, true)) {
         error = ApiError{405, "invalid_request_error", fmt::format("{} needs {}", route->label, route->method), "",
                          "method_not_allowed"};
         res.set_header("Allow", route->method);
@@ -414,7 +393,7 @@ void HttpServer::install() {
   });
 
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    const RouteInfo* route = match_route(req.method, req.path, false);
+    const HttpRoute* route = match_route(req.method, req.path, false);
     const char* label = route != nullptr ? route->label : "other";
     service_.metrics().http_requests.inc({label, std::to_string(res.status)});
     std::shared_ptr<RequestRecord> record = std::move(current_record);

@@ -31,14 +31,6 @@ class HttpServer {
   // Stops serving and joins that thread.
   void stop();
 
-  struct RouteInfo {
-    const char* method;
-    const char* pattern;  // regular expression cpp-httplib matches against the path
-    const char* label;    // endpoint label in metrics and logs
-  };
-  // Every route, for 405 detection, metrics labels and the auth coverage test.
-  static const std::vector<RouteInfo>& routes();
-
  private:
   void install();
 

@@ -5,6 +5,7 @@
 
 #include <future>
 
+#include "http_routes.h"
 #include "server_harness.h"
 
 namespace colibri::test {
@@ -277,13 +278,18 @@ TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
   auto server = ServerProcess::start({"--grpc-port", "-1"}, error, {"COLIBRI_API_KEY=test-key-123"});
   ASSERT_NE(server, nullptr) << error;
   const int port = server->port();
-  const std::vector<std::pair<std::string, std::string>> routes = {
-      {"GET", "/ready"},         {"GET", "/metrics"},          {"GET", "/v1/models"},
-      {"GET", "/v1/models/x"},   {"POST", "/v1/completions"},  {"POST", "/v1/chat/completions"},
-      {"POST", "/v1/messages"},  {"POST", "/v1/messages/count_tokens"},
-      {"POST", "/tokenize"},     {"POST", "/detokenize"},      {"POST", "/v1/route"},
-      {"GET", "/admin/config"},  {"POST", "/admin/reload"},    {"GET", "/admin/logs"},
-      {"POST", "/admin/log-level"}, {"GET", "/no/such/route"}};
+  // Every route the server has (http_routes(), so a route added
+  // later is covered without editing this test) but the public /health, a
+  // pattern's capture filled in; and an unknown one.
+  std::vector<std::pair<std::string, std::string>> routes = {{"GET", "/no/such/route"}};
+  for (const server::HttpRoute& route : server::http_routes()) {
+    std::string path = route.pattern;
+    if (path == "/health") continue;
+    if (const auto capture = path.find("(.+)"); capture != std::string::npos) path.replace(capture, 4, "x");
+    ASSERT_EQ(path.find_first_of("()[]*+?\\"), std::string::npos) << "a route pattern this test cannot fill: " << path;
+    routes.emplace_back(route.method, path);
+  }
+  ASSERT_GE(routes.size(), 16u);
   for (const httplib::Headers& headers :
        {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer wrong-key-123"}},
         httplib::Headers{{"Authorization", "test-key-123"}}, httplib::Headers{{"X-Api-Key", "wrong-key-123"}},
