@@ -109,14 +109,13 @@ class ServerProcess {
         buffer.append(chunk, static_cast<std::size_t>(n));
         std::size_t at = buffer.find("grpc listening on 127.0.0.1:");
         if (at != std::string::npos) server->grpc_port_ = std::atoi(buffer.c_str() + at + 28);
-        at = buffer.find("listening on http://127.0.0.1:");
-        if (at != std::string::npos && buffer.find('\n', at) != std::string::npos) {
-          server->port_ = std::atoi(buffer.c_str() + at + 30);
+        // "listening on http://HOST:PORT" (any host: 127.0.0.1, 0.0.0.0, [::1]).
+        if (const int port = port_after(buffer, "listening on http://"); port > 0) {
+          server->port_ = port;
           return server;
         }
-        at = buffer.find("; http://127.0.0.1:");
-        if (while_loading && at != std::string::npos && buffer.find('\n', at) != std::string::npos) {
-          server->port_ = std::atoi(buffer.c_str() + at + 19);
+        if (const int port = port_after(buffer, "; http://"); while_loading && port > 0) {
+          server->port_ = port;
           return server;
         }
       }
@@ -185,6 +184,15 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
+  // The port of the first complete "<marker>HOST:PORT" in `text`, or 0.
+  static int port_after(const std::string& text, const std::string& marker) {
+    const std::size_t at = text.find(marker);
+    if (at == std::string::npos) return 0;
+    const std::size_t end = text.find_first_of(" \n", at + marker.size());
+    if (end == std::string::npos || text.find('\n', at) == std::string::npos) return 0;
+    const std::size_t colon = text.rfind(':', end);
+    return colon == std::string::npos || colon < at + marker.size() ? 0 : std::atoi(text.c_str() + colon + 1);
+  }
   static int& counter() {
     static int n = 0;
     return n;

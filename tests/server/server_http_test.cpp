@@ -1274,6 +1274,27 @@ TEST_F(HttpServerTest, ClosingAStreamDuringPrefillFreesItsSession) {
   EXPECT_EQ(metric_value(http_get(port(), "/metrics").body, cancelled), cancelled_before + 1);
 }
 
+// RELIABILITY.md 1G, row 80: the default address is loopback; bound to every
+// interface without an API key, the server says so loudly, and with a key it
+// does not.
+TEST(HttpListenTest, ANonLoopbackAddressWithoutAKeyIsWarnedAbout) {
+  std::string error;
+  auto open = ServerProcess::start({"--grpc-port", "-1", "--host", "0.0.0.0"}, error);
+  ASSERT_NE(open, nullptr) << error;
+  EXPECT_EQ(http_get(open->port(), "/health").status, 200);
+  // Logged through the asynchronous logger: give its thread a moment.
+  const std::string warning = "listening on 0.0.0.0 without an API key: anyone who can reach this address";
+  for (int i = 0; i < 100 && open->log().find(warning) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_NE(open->log().find(warning), std::string::npos) << open->log();
+  auto keyed = ServerProcess::start({"--grpc-port", "-1", "--host", "0.0.0.0"}, error, {"COLIBRI_API_KEY=k-123456"});
+  ASSERT_NE(keyed, nullptr) << error;
+  EXPECT_EQ(keyed->log().find("without an API key"), std::string::npos) << keyed->log();
+  auto local = ServerProcess::start({"--grpc-port", "-1"}, error);
+  ASSERT_NE(local, nullptr) << error;
+  EXPECT_EQ(local->log().find("without an API key"), std::string::npos) << local->log();
+}
+
 // Keep-alive connections come back to the gate between requests and are
 // served again.
 TEST(HttpListenTest, KeepAliveConnectionsServeSeveralRequests) {
