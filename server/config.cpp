@@ -240,7 +240,12 @@ const std::array kOptions = {
     OptionSpec{"lock_memory", &C::lock_memory, 0, 0, "",
                "mlock the model's weights so they are never paged out. A refusal (RLIMIT_MEMLOCK) does "
                "not stop the server: it is logged with the limit and how to raise it "
-               "(LimitMEMLOCK=infinity in the unit).",
+               "(LimitMEMLOCK=infinity in the unit), and colibri_model_lock_failed is 1.",
+               Reload::Hot},
+    OptionSpec{"require_locked_memory", &C::require_locked_memory, 0, 0, "",
+               "With lock_memory: a refused lock fails the load instead, so the server does not start "
+               "(exit 1) and a reload is refused (503, the served model stays). For boxes where a "
+               "paged-out weight would break a latency promise.",
                Reload::Hot},
     // The expert store (docs/EXPERT_STORE.md). A reload builds a new
     // generation with its own store, so every key is hot.

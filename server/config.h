@@ -74,6 +74,7 @@ struct Config {
   std::int64_t watch_quiet_ms = 500;
   std::string model_memory = "auto";
   bool lock_memory = false;
+  bool require_locked_memory = false;
   std::int64_t expert_cache_mb = 0;
   std::string expert_cache_policy = "lru";
   std::string expert_cache_io = "pread-direct";

@@ -180,7 +180,13 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
                       "are available (MemAvailable, cgroup memory limit); lower max_sessions or context_length{}",
                       config.model, needed / (1 << 20), kv / (1 << 20), kv_cache_type_name(kv_type),
                       available >> 20, kv_type == KvCacheType::F32 ? ", or set kv_cache to f16" : "");
-  if (!model->weights_lock_error().empty()) spdlog::warn("lock_memory: {}", model->weights_lock_error());
+  if (!model->weights_lock_error().empty()) {
+    if (config.require_locked_memory)
+      return make_error("{}: not enough memory may be locked: {} (require_locked_memory is set; unset it to serve "
+                        "unlocked)",
+                        config.model, model->weights_lock_error());
+    spdlog::warn("lock_memory: {}", model->weights_lock_error());
+  }
   const bool copy = model->weights_copied();
 
   auto chat = ChatTemplate::select(*model, config.chat_template);

@@ -68,6 +68,12 @@ ModelHost::ModelHost(Service& service, Metrics& metrics, const SystemdNotifier& 
                        std::lock_guard lock(mutex_);
                        return loading_ ? 1.0 : 0.0;
                      });
+  metrics_.add_gauge("colibri_model_lock_failed",
+                     "1 when lock_memory is on and the served model's weights could not be locked (mlock refused).",
+                     [this] {
+                       auto g = service_.current();
+                       return g && g->model && !g->model->weights_lock_error().empty() ? 1.0 : 0.0;
+                     });
   metrics_.add_gauge("colibri_model_damaged", "1 when the served model's file changed under it (SIGBUS caught).",
                      [this] {
                        auto g = service_.current();

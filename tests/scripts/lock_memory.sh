@@ -3,7 +3,8 @@
 # and no CAP_IPC_LOCK the server still starts and serves, and says why the
 # weights are not locked and how to allow it; with room to lock, the weights
 # (here a checkpoint converted at load) are locked, as VmLck shows through
-# colibri_process_locked_memory_bytes.
+# colibri_process_locked_memory_bytes. With require_locked_memory the refused
+# lock fails the start instead.
 set -euo pipefail
 source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
@@ -49,7 +50,19 @@ status=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/compl
 [[ $(locked_bytes) == 0 ]] || fail "memory locked under a zero limit: $(locked_bytes)"
 grep -q "lock_memory: mlock of [0-9]* bytes failed" "$work/server.log" || fail "the refusal was not logged"
 grep -q "LimitMEMLOCK=infinity" "$work/server.log" || fail "the log does not say how to allow locking"
+failed=$(curl -sf "http://127.0.0.1:$port/metrics" | sed -n 's/^colibri_model_lock_failed //p')
+[[ $failed == 1 ]] || fail "colibri_model_lock_failed is '$failed', not 1, with the lock refused"
 stop
+
+# require_locked_memory: the same refusal fails the start instead.
+set +e
+prlimit --memlock=0:0 "${as_unprivileged[@]}" "$server" --model "$work/model" --port 0 --grpc-port -1 \
+  --lock-memory true --require-locked-memory true --watch-model off > "$work/required.out" 2> "$work/required.log"
+status=$?
+set -e
+[[ $status -eq 1 ]] || fail "with require_locked_memory a refused lock exited $status, not 1"
+grep -q "not enough memory may be locked: .*mlock of [0-9]* bytes failed.*require_locked_memory is set" \
+  "$work/required.log" || fail "the refusal does not say why: $(tail -c 400 "$work/required.log")"
 
 # Locking is expected where this process could lock 4 MiB: as root (CAP_IPC_LOCK)
 # or with such a limit (raising it needs CAP_SYS_RESOURCE, which containers drop).
@@ -61,5 +74,7 @@ fi
 start
 locked=$(locked_bytes)
 [[ -n $locked && $locked -gt 1000000 ]] || fail "the converted weights were not locked (VmLck $locked bytes)"
+failed=$(curl -sf "http://127.0.0.1:$port/metrics" | sed -n 's/^colibri_model_lock_failed //p')
+[[ $failed == 0 ]] || fail "colibri_model_lock_failed is '$failed' with the weights locked"
 stop
 echo "lock_memory: ok (refused and said so at limit 0; $locked bytes locked otherwise)"
