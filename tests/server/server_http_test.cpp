@@ -976,19 +976,32 @@ int connect_loopback(int port, bool nonblocking = false, int receive_buffer = 0)
   return fd;
 }
 
-// Everything the server sends until it closes, or until `timeout_ms` passes.
-std::string read_until_closed(int fd, int timeout_ms) {
+// What the server sends until `done(received so far)` holds, it closes
+// ("<closed>" is appended), or `timeout_ms` passes.
+std::string read_until(int fd, int timeout_ms, const std::function<bool(const std::string&)>& done) {
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline && !done(got)) {
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    char buffer[512];
+    if (poll(&p, 1, 10) <= 0) continue;
+    char buffer[65536];
     const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
     if (n <= 0) return got + "<closed>";
     got.append(buffer, static_cast<std::size_t>(n));
   }
   return got;
+}
+
+// Everything the server sends until it closes, or until `timeout_ms` passes.
+std::string read_until_closed(int fd, int timeout_ms) {
+  return read_until(fd, timeout_ms, [](const std::string&) { return false; });
+}
+
+// Occurrences of `what` in `text`.
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 // Two servers on one port would split its connections between them (cpp-httplib
@@ -1190,21 +1203,13 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
     ASSERT_EQ(send(fd, request.data() + at, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
   }
-  std::string answer;
-  const auto answer_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < answer_deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buffer[65536];
-    const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);
-    if (got <= 0) break;
-    answer.append(buffer, static_cast<std::size_t>(got));
-    const std::size_t header_end = answer.find("\r\n\r\n");
-    if (header_end == std::string::npos) continue;
-    const std::size_t length_at = answer.find("Content-Length: ");
-    if (length_at == std::string::npos) continue;
-    if (answer.size() >= header_end + 4 + std::stoul(answer.substr(length_at + 16))) break;
-  }
+  // One whole response: its headers, then Content-Length bytes.
+  const std::string answer = read_until(fd, 10000, [](const std::string& text) {
+    const std::size_t header_end = text.find("\r\n\r\n");
+    const std::size_t length_at = text.find("Content-Length: ");
+    return header_end != std::string::npos && length_at != std::string::npos &&
+           text.size() >= header_end + 4 + std::stoul(text.substr(length_at + 16));
+  });
   close(fd);
   ASSERT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
   const json in_parts = json::parse(answer.substr(answer.find("\r\n\r\n") + 4), nullptr, false);
@@ -1216,24 +1221,11 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
   ASSERT_GE(pipelined, 0);
   const std::string both = request + request;
   std::thread sender([&] { send(pipelined, both.data(), both.size(), MSG_NOSIGNAL); });
-  std::string answers;
-  const auto pipelined_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  auto count_200 = [&] {
-    std::size_t n = 0;
-    for (std::size_t at = answers.find("HTTP/1.1 200"); at != std::string::npos; at = answers.find("HTTP/1.1 200", at + 1)) ++n;
-    return n;
-  };
-  while (count_200() < 2 && std::chrono::steady_clock::now() < pipelined_deadline) {
-    pollfd p{pipelined, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buffer[65536];
-    const ssize_t got = recv(pipelined, buffer, sizeof(buffer), 0);
-    if (got <= 0) break;
-    answers.append(buffer, static_cast<std::size_t>(got));
-  }
+  const std::string answers =
+      read_until(pipelined, 10000, [](const std::string& text) { return count_of(text, "HTTP/1.1 200") >= 2; });
   sender.join();
   close(pipelined);
-  EXPECT_EQ(count_200(), 2u) << answers.substr(0, 300);
+  EXPECT_EQ(count_of(answers, "HTTP/1.1 200"), 2u) << answers.substr(0, 300);
 
   for (const int stalled_fd : stalled) {
     const std::string got = read_until_closed(stalled_fd, 4000);
@@ -1258,16 +1250,7 @@ TEST_F(HttpServerTest, ClosingAStreamDuringPrefillFreesItsSession) {
   ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   for (int i = 0; i < 200 && metric_value(http_get(port(), "/metrics").body, "colibri_active_sessions") < 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::string got;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 10) <= 0) continue;
-    char buffer[4096];
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;
-    got.append(buffer, static_cast<std::size_t>(n));
-  }
+  const std::string got = read_until(fd, 100, [](const std::string&) { return false; });
   close(fd);
   ASSERT_EQ(got.find("data: {"), std::string::npos) << "a token came before the client left; make the prompt longer";
   EXPECT_LT(seconds_until_idle(port(), 10), 1.0);
