@@ -39,8 +39,6 @@ class OutputFile {
   // fsync, rename over the target, fsync the directory.
   Status commit();
 
-  const std::filesystem::path& temp_path() const { return temp_; }
-
  private:
   std::filesystem::path target_;
   std::filesystem::path temp_;

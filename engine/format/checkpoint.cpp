@@ -1,8 +1,6 @@
 #include "format/checkpoint.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/text_file.h"
 #include "format/gguf_source.h"

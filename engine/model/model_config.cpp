@@ -3,10 +3,8 @@
 #include "core/text_file.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace colibri {
 namespace {

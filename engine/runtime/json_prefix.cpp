@@ -1,7 +1,7 @@
 #include "runtime/json_prefix.h"
 
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/unicode.h"
+#include "core/utf8.h"
 
 #include <algorithm>
 #include <limits>
@@ -208,7 +208,7 @@ bool JsonPrefix::step(unsigned char byte) {
 // A multi-byte character's lead byte: how many continuation bytes follow and
 // the range of the first (Unicode's table of well-formed UTF-8 sequences).
 bool JsonPrefix::begin_utf8(unsigned char byte) {
-  const auto lead = tokenizer_detail::utf8_lead(byte);
+  const auto lead = utf8_lead(byte);
   // Not a lead: a continuation byte, an overlong lead or one past U+10FFFF.
   if (lead.continuation <= 0) return false;
   utf8_pending_ = static_cast<std::uint8_t>(lead.continuation);

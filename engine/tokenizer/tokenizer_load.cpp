@@ -3,10 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 #include <utility>
 
@@ -352,8 +349,6 @@ Result<std::shared_ptr<const Tokenizer::Impl>> build(std::string_view tokenizer_
   return std::shared_ptr<const Tokenizer::Impl>(std::move(impl));
 }
 
-Result<std::string> read_file(const std::filesystem::path& path) { return read_text_file(path); }
-
 }  // namespace
 
 Result<std::shared_ptr<const Tokenizer::Impl>> build_tokenizer(std::string_view tokenizer_json,
@@ -371,12 +366,12 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& dir) {
   try {
     const std::filesystem::path tokenizer_path = dir / "tokenizer.json";
     const std::filesystem::path config_path = dir / "tokenizer_config.json";
-    auto tokenizer_text = read_file(tokenizer_path);
+    auto tokenizer_text = read_text_file(tokenizer_path);
     if (!tokenizer_text.ok()) return tokenizer_text.error();
     std::string config_text;
     std::error_code ec;
     if (std::filesystem::exists(config_path, ec)) {
-      auto text = read_file(config_path);
+      auto text = read_text_file(config_path);
       if (!text.ok()) return text.error();
       config_text = std::move(*text);
     }
