@@ -10,19 +10,9 @@ source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
 data_dir=$(cd "$2" && pwd)
 server=$build_dir/server/colibri-server
-work=$(mktemp -d)
+test_name=lock_memory
+source "$(dirname "$0")/lib/background_server.sh"
 chmod 755 "$work"
-pid=
-cleanup() {
-  [[ -n $pid ]] && kill "$pid" 2> /dev/null && { wait "$pid" 2> /dev/null || true; }
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL lock_memory: $*" >&2
-  [[ -f $work/server.log ]] && tail -5 "$work/server.log" >&2
-  exit 1
-}
 command -v prlimit > /dev/null || fail "prlimit (util-linux) is missing"
 # A copy any user can read: the refused case runs as nobody when this runs as root.
 cp -r "$data_dir/fixtures/qwen3moe-tiny" "$work/model"

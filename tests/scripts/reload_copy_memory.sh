@@ -10,18 +10,8 @@ set -euo pipefail
 source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
 data_dir=$(cd "$2" && pwd)
-work=$(mktemp -d)
-pid=
-cleanup() {
-  [[ -n $pid ]] && kill "$pid" 2> /dev/null && { wait "$pid" 2> /dev/null || true; }
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL reload_copy_memory: $*" >&2
-  [[ -f $work/server.log ]] && tail -5 "$work/server.log" >&2
-  exit 1
-}
+test_name=reload_copy_memory
+source "$(dirname "$0")/lib/background_server.sh"
 
 "$build_dir/tools/colibri-convert" --input "$data_dir/fixtures/qwen3moe-tiny" --output "$work/model.colibri" \
   --quant int8 --no-progress > /dev/null 2>&1 || fail "conversion"
