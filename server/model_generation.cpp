@@ -128,11 +128,8 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     auto loaded = Model::load(config.model, load);
     if (!loaded) return loaded.error();
     model = *loaded;
-    const auto bytes = model->mapped_bytes();
-    if (!bytes.empty()) {
-      auto image = parse_colibri(bytes, config.model);
-      if (!image) return image.error();
-      generation->checksum = file_checksum(*image);
+    if (!model->file_checksum().empty()) {
+      generation->checksum = model->file_checksum();
       generation->memory = model->weights_copied() ? "copy" : "map";
     } else {
       auto digest = hash_files(config.model);

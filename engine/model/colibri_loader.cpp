@@ -84,6 +84,7 @@ class ColibriLoader {
     model->path_ = path;
     model->config_ = std::move(config).value();
     model->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+    model->file_checksum_ = file_checksum(*image);
     if (metadata["quantization"].contains("scheme") && metadata["quantization"]["scheme"].is_string())
       model->weight_scheme_ = metadata["quantization"]["scheme"].get<std::string>();
 

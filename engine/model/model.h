@@ -107,6 +107,9 @@ class Model {
   // How a .colibri file's bytes are held ("mapped ..." / "copied ..."), empty
   // for converted checkpoints.
   std::string weights_memory() const;
+  // A .colibri file's checksum (format/colibri_file.h, file_checksum), taken
+  // when it was parsed at load; empty for converted checkpoints.
+  const std::string& file_checksum() const { return file_checksum_; }
   const std::string& weights_lock_error() const {
     return mapping_.data() != nullptr ? mapping_.lock_error() : storage_lock_error_;
   }
@@ -124,6 +127,7 @@ class Model {
   ModelWeights weights_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string weight_scheme_ = "f32";
+  std::string file_checksum_;
   std::size_t weight_bytes_ = 0;
   std::vector<float> storage_;  // checkpoints loaded as f32: views in weights_ point here
   bool storage_locked_ = false;     // LoadOptions::lock: storage_ is mlocked (unlocked when freed)
