@@ -674,6 +674,8 @@ int main(int argc, char** argv) {
     if (adjacent_bandwidth[i] > 0)
       adjacent_rooflines.push_back(static_cast<double>(traffic.total()) * decode_rates[i] / adjacent_bandwidth[i]);
   const double adjacent_roofline = adjacent_rooflines.empty() ? 0 : median(adjacent_rooflines);
+  std::vector<double> adjacent_gbps;
+  for (double b : adjacent_bandwidth) adjacent_gbps.push_back(b / 1e9);
 
   // The expert store over the timed decode steps, and the disk it reads from,
   // measured in this run: at a small budget decode is bounded by disk
@@ -873,11 +875,7 @@ int main(int argc, char** argv) {
       {"roofline_fraction_adjacent", adjacent_rooflines.empty() ? nlohmann::json(nullptr) : nlohmann::json(adjacent_roofline)},
       {"memory_bandwidth_adjacent",
        {{"passes", adjacent_passes},
-        {"best_GBps_per_request", [&] {
-           nlohmann::json values = nlohmann::json::array();
-           for (double b : adjacent_bandwidth) values.push_back(b / 1e9);
-           return values;
-         }()},
+        {"best_GBps_per_request", adjacent_gbps},
         {"roofline_fraction_per_request", adjacent_rooflines},
         {"note", adjacent_note}}},
       {"scratch_arenas", arenas},
@@ -958,12 +956,10 @@ int main(int argc, char** argv) {
                    bandwidth.buffer_bytes >> 20, bandwidth.pages, bandwidth.passes));
   line("roofline fraction", fmt::format("{:.1f} % of the best measured bandwidth", roofline * 100));
   if (!adjacent_rooflines.empty()) {
-    std::vector<double> gbps;
-    for (double b : adjacent_bandwidth) gbps.push_back(b / 1e9);
     line("  adjacent", fmt::format("{:.1f} % (median over requests of each one's decode rate over the read test run "
                                    "just before it: {:.1f}-{:.1f} GB/s)",
-                                   adjacent_roofline * 100, *std::min_element(gbps.begin(), gbps.end()),
-                                   *std::max_element(gbps.begin(), gbps.end())));
+                                   adjacent_roofline * 100, *std::min_element(adjacent_gbps.begin(), adjacent_gbps.end()),
+                                   *std::max_element(adjacent_gbps.begin(), adjacent_gbps.end())));
   } else if (!adjacent_note.empty()) {
     line("  adjacent", adjacent_note);
   }
