@@ -135,27 +135,22 @@ int main(int argc, char** argv) {
   service.begin_first_load();
   GrpcServer grpc(service, &host);
   HttpServer http(service, &host);
-  auto stop_listening = [&] {
+  // A start that fails after the listeners exist: say why, close them, exit 1.
+  auto fail_start = [&](const std::string& why) {
+    std::fprintf(stderr, "colibri-server: %s\n", why.c_str());
     grpc.shutdown(0);
     http.stop();
     host.stop();
     logging::shutdown();
+    return 1;
   };
   if (first.grpc_port >= 0) {
     auto port = grpc.start(first.host, static_cast<int>(first.grpc_port));
-    if (!port) {
-      std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
-      stop_listening();
-      return 1;
-    }
+    if (!port) return fail_start(port.error().message);
     announce("grpc listening on " + host_port(first.host, *port));
   }
   auto port = http.bind(first.host, static_cast<int>(first.port));
-  if (!port) {
-    std::fprintf(stderr, "colibri-server: %s\n", port.error().message.c_str());
-    stop_listening();
-    return 1;
-  }
+  if (!port) return fail_start(port.error().message);
   http.start();
   const std::string address = "http://" + host_port(first.host, *port);
   announce("loading " + first.model + "; " + address + " answers 503 \"loading\" until it serves");
@@ -170,11 +165,7 @@ int main(int argc, char** argv) {
                        std::chrono::seconds(5), "loading " + first.model);
     loaded = host.load_initial();
   }
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "colibri-server: cannot load the model: %s\n", loaded.error().message.c_str());
-    stop_listening();
-    return 1;
-  }
+  if (!loaded.ok()) return fail_start("cannot load the model: " + loaded.error().message);
   {
     auto generation = service.current();
     // The generation's own figure: it knows the cache's element type (f16
