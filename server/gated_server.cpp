@@ -281,14 +281,22 @@ void ConnectionGate::refuse_unknown_length(int fd) {
          "the request has no Content-Length: send one, 0 for an empty body (curl: -d '')", "length_required");
 }
 
+bool ConnectionGate::turn_away(int fd, Headers state) {
+  switch (state) {
+    case Headers::Closed: close_connection(fd); return true;
+    case Headers::TooLarge: refuse_large_headers(fd); return true;
+    case Headers::LengthRequired: refuse_unknown_length(fd); return true;
+    default: return false;
+  }
+}
+
 void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, Clock::duration request_timeout,
                           std::size_t body_limit) {
   const Peek peek = peek_headers(fd, body_limit);
   const Headers now = peek.state;
   if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout, {});
-  if (now == Headers::Closed || stopping_) return close_connection(fd);
-  if (now == Headers::TooLarge) return refuse_large_headers(fd);
-  if (now == Headers::LengthRequired) return refuse_unknown_length(fd);
+  if (stopping_) return close_connection(fd);
+  if (turn_away(fd, now)) return;
   std::optional<Clock::time_point> to_worker;
   {
     std::lock_guard lock(mutex_);
@@ -423,9 +431,7 @@ void ConnectionGate::check(int fd) {
     waiting_.erase(fd);
     count_waiting();
   }
-  if (peek.state == Headers::Closed) return close_connection(fd);
-  if (peek.state == Headers::TooLarge) return refuse_large_headers(fd);
-  if (peek.state == Headers::LengthRequired) return refuse_unknown_length(fd);
+  if (turn_away(fd, peek.state)) return;
   ready_(fd, w.served, w.started ? w.request_deadline : Clock::now() + w.request_timeout, {});
 }
 

@@ -111,6 +111,9 @@ class ConnectionGate {
   };
   void run();
   void check(int fd);
+  // Closes fd (Closed) or refuses it (TooLarge: 431, LengthRequired: 411);
+  // false for a state that keeps the connection.
+  bool turn_away(int fd, Headers state);
   enum class Fill { Whole, More, Closed };
   // Reads what has come of w's request (under mutex_): never blocks.
   static Fill fill(int fd, Waiting& w);
