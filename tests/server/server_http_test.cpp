@@ -992,6 +992,13 @@ std::string read_until(int fd, int timeout_ms, const std::function<bool(const st
   return got;
 }
 
+// The request line and headers of a JSON POST to `path` with a body of
+// `body_size` bytes; `extra`: more header lines, each ending in CRLF.
+std::string post_head(const std::string& path, std::size_t body_size, const std::string& extra = "") {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\n" + extra + "Content-Type: application/json\r\nContent-Length: " +
+         std::to_string(body_size) + "\r\n\r\n";
+}
+
 // Everything the server sends until it closes, or until `timeout_ms` passes.
 std::string read_until_closed(int fd, int timeout_ms) {
   return read_until(fd, timeout_ms, [](const std::string&) { return false; });
@@ -1110,8 +1117,7 @@ TEST(HttpListenTest, SlowBodiesDoNotHoldTheWorkers) {
   auto server = ServerProcess::start({"--grpc-port", "-1", "--http-threads", "4", "--read-timeout-s", "2"}, error);
   ASSERT_NE(server, nullptr) << error;
   const std::string body = json{{"prompt", std::string(1500, 'a')}, {"max_tokens", 2}}.dump();
-  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head = post_head("/v1/completions", body.size());
   std::vector<int> slow;
   for (int i = 0; i < 12; ++i) {
     slow.push_back(connect_loopback(server->port()));
@@ -1147,8 +1153,7 @@ TEST(HttpListenTest, SlowBodiesDoNotHoldTheWorkers) {
   // answer comes at once, then the body, then the response.
   const int fd = connect_loopback(server->port());
   ASSERT_GE(fd, 0);
-  const std::string expect = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             "Expect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  const std::string expect = post_head("/v1/completions", body.size(), "Expect: 100-continue\r\n");
   ASSERT_EQ(send(fd, expect.data(), expect.size(), MSG_NOSIGNAL), static_cast<ssize_t>(expect.size()));
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(poll(&p, 1, 800), 1) << "no 100 Continue";
@@ -1178,8 +1183,7 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
   auto server = ServerProcess::start({"--grpc-port", "-1", "--http-threads", "4", "--read-timeout-s", "2"}, error);
   ASSERT_NE(server, nullptr) << error;
   const std::string body = json{{"content", std::string(300000, 'b') + " end"}}.dump();
-  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head = post_head("/tokenize", body.size());
   std::vector<int> stalled;
   for (int i = 0; i < 8; ++i) {
     stalled.push_back(connect_loopback(server->port()));
@@ -1243,8 +1247,7 @@ TEST_F(HttpServerTest, ClosingAStreamDuringPrefillFreesItsSession) {
   std::vector<std::int32_t> prompt(4000);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>((i * 11 + 3) % 500);
   const std::string body = json{{"prompt", prompt}, {"max_tokens", 1}, {"ignore_eos", true}, {"stream", true}}.dump();
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request = post_head("/v1/completions", body.size()) + body;
   const int fd = connect_loopback(port());
   ASSERT_GE(fd, 0);
   ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
@@ -1383,8 +1386,7 @@ TEST(HttpListenTest, OversizedAndChunkedBodiesAreRefusedFromTheirHeaders) {
   // it must not be answered (the connection closes after the 401).
   const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer listen-key-1\r\n\r\n";
   const auto [unauthorized, unauthorized_s] = exchange(
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Type: application/json\r\n"
-      "Content-Length: " + std::to_string(smuggled.size()) + "\r\n\r\n" + smuggled);
+      post_head("/v1/completions", smuggled.size(), "Authorization: Bearer wrong\r\n") + smuggled);
   EXPECT_EQ(unauthorized.rfind("HTTP/1.1 401", 0), 0u) << unauthorized.substr(0, 300);
   EXPECT_EQ(unauthorized.find("HTTP/1.1 200"), std::string::npos) << "the body was served as a request: " << unauthorized;
   EXPECT_NE(unauthorized.find("<closed>"), std::string::npos);
@@ -1455,8 +1457,7 @@ TEST(HttpListenTest, AClientThatStopsReadingIsDroppedAsASlowClient) {
     // 20 alternatives per token make each event about a kilobyte.
     const std::string body =
         json{{"prompt", "x"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}, {"logprobs", 20}}.dump();
-    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string request = post_head("/v1/completions", body.size()) + body;
     ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
     // Never read. The session must come back while the socket is still open.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
