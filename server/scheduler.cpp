@@ -417,9 +417,11 @@ void Scheduler::finish(Job& job, Finish reason, std::optional<ApiError> error) {
   result.completion_tokens = job.generated;
   result.error = std::move(error);
   if (reason == Finish::Stop && job.stops && job.stops->stopped()) result.stop_sequence = std::string(job.stops->matched());
-  job.channel->finish(std::move(result));
+  // Counted before the end is handed over: a client that has read its last
+  // byte must find its generation in /metrics.
   metrics_.generations.inc({finish_name(reason)});
   metrics_.request_duration.observe(std::chrono::duration<double>(Clock::now() - job.enqueued).count());
+  job.channel->finish(std::move(result));
 }
 
 void Scheduler::observe_route(std::size_t index, std::int32_t layer, std::span<const std::int32_t> experts,
