@@ -377,12 +377,12 @@ void ConnectionGate::run() {
   epoll_event events[64];
   while (!stopping_) {
     const int n = epoll_wait(epoll_, events, 64, kGateTickMs);
-    for (int i = 0; i < n; ++i) check(events[i].data.fd);
+    for (int i = 0; i < n; ++i) check(events[i].data.fd, events[i].events);
     expire(Clock::now());
   }
 }
 
-void ConnectionGate::check(int fd) {
+void ConnectionGate::check(int fd, std::uint32_t events) {
   Waiting w;
   bool reading_body = false;
   Fill body = Fill::More;
@@ -407,7 +407,16 @@ void ConnectionGate::check(int fd) {
     if (body == Fill::Closed) return close_connection(fd);
     return ready_(fd, w.served, w.request_deadline, std::move(w.consumed));
   }
-  const Peek peek = peek_headers(fd, w.body_limit);
+  Peek peek = peek_headers(fd, w.body_limit);
+  // A peek still sees the bytes a closed client sent before its FIN, so such
+  // a connection would look partial until read_timeout_s, its descriptor and
+  // slot held: a client that opens, sends a byte and closes, in a loop, would
+  // fill the waiting set. A request that is whole is still served (a client
+  // may shut down its side once it has sent one); a large body is read to
+  // its end below, where the close shows.
+  if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0 &&
+      (peek.state == Headers::Partial || peek.state == Headers::None))
+    peek.state = Headers::Closed;
   if (peek.state == Headers::None) return;
   if (peek.state == Headers::Partial || peek.state == Headers::LargeBody) {
     bool consuming = false;
@@ -422,7 +431,7 @@ void ConnectionGate::check(int fd) {
       w.started = true;
     }
     // Edge-triggered: the bytes already here bring no new event; read them now.
-    if (consuming) return check(fd);
+    if (consuming) return check(fd, events);
     // No memory left for it here: a worker reads it.
   }
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);

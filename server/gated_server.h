@@ -110,7 +110,9 @@ class ConnectionGate {
     }
   };
   void run();
-  void check(int fd);
+  // `events`: what epoll reported. A peer that closed its side (EPOLLRDHUP)
+  // can no longer complete a partial request.
+  void check(int fd, std::uint32_t events);
   // Closes fd (Closed) or refuses it (TooLarge: 431, LengthRequired: 411);
   // false for a state that keeps the connection.
   bool turn_away(int fd, Headers state);

@@ -1109,6 +1109,47 @@ TEST(HttpListenTest, SlowAndIdleClientsDoNotHoldTheWorkers) {
   EXPECT_EQ(metric_value(metrics, "colibri_http_connections_waiting"), 0);
 }
 
+// A client that closes part way through its headers can never finish them:
+// the gate lets its descriptor go at once, not after read_timeout_s. Before,
+// a peek still saw the bytes sent ahead of the FIN and the connection looked
+// partial for the whole timeout (found by colibri-loadgen --slowloris: 500
+// closed connections still held 500 descriptors 10 s later), so opening,
+// sending a byte and closing, in a loop, filled the gate's waiting set.
+// A client that sends a whole request and then shuts down its side is served.
+TEST(HttpListenTest, AClientClosedMidRequestIsLetGoAtOnce) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--read-timeout-s", "60"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  const double fds_before = metric_value(http_get(server->port(), "/metrics").body, "process_open_fds");
+  std::vector<int> partial;
+  for (int i = 0; i < 20; ++i) {
+    partial.push_back(connect_loopback(server->port()));
+    ASSERT_GE(partial.back(), 0);
+    const std::string start = i % 2 == 0 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: a"
+                                         : post_head("/v1/completions", 100) + "{\"prompt\": ";
+    ASSERT_EQ(send(partial.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  }
+  auto waiting = [&] { return metric_value(http_get(server->port(), "/metrics").body, "colibri_http_connections_waiting"); };
+  for (int i = 0; i < 100 && waiting() < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(waiting(), 20);
+  for (const int fd : partial) close(fd);
+  const auto start = std::chrono::steady_clock::now();
+  while (waiting() > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(waiting(), 0);
+  // The descriptors are closed too (the metrics connection itself may be one more).
+  EXPECT_LE(metric_value(http_get(server->port(), "/metrics").body, "process_open_fds"), fds_before + 1);
+
+  const int whole = connect_loopback(server->port());
+  ASSERT_GE(whole, 0);
+  const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(send(whole, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  shutdown(whole, SHUT_WR);
+  const std::string answer = read_until_closed(whole, 5000);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  close(whole);
+}
+
 // RELIABILITY.md 1G, row 83, for bodies: a body trickled in waits on the gate
 // as headers do (up to 64 KB with them), so slow uploads hold no worker; a
 // client that asks for "100 Continue" before sending its body still gets it.
