@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "benchtool/stats.h"
+#include "slowloris.h"
 
 namespace {
 
@@ -66,6 +68,9 @@ struct Options {
   std::uint64_t seed = 1;
   std::string api_key_file;
   std::string json_out;
+  int slowloris = 0;
+  int slowloris_interval_ms = 10000;
+  int slowloris_lead_ms = 0;
 };
 
 // What one request will do, drawn before the phase starts.
@@ -478,6 +483,70 @@ struct Point {
   double rate = 0;
 };
 
+// Requests and wall time pooled over rounds: the baseline's, and each point's.
+struct Pool {
+  explicit Pool(std::size_t points) : point_all(points), point_wall(points, 0.0), point_ratios(points) {}
+  std::vector<RequestStats> single_all;
+  double single_wall = 0, decode_s = 0;
+  long decode_tokens = 0;
+  std::vector<std::vector<RequestStats>> point_all;
+  std::vector<double> point_wall;
+  std::vector<std::vector<double>> point_ratios;
+};
+
+// The pooled "single_stream" and "points" of a report; adds the failures to
+// `failed` and keeps the first error seen.
+json pooled_report(const Pool& pool, const std::vector<Point>& points, const Options& options, int& failed,
+                   std::string& first_error) {
+  auto note_errors = [&](const std::vector<RequestStats>& all) {
+    for (const RequestStats& s : all)
+      if (first_error.empty() && !s.ok && !s.hung_up) first_error = s.error;
+  };
+  json report = json::object();
+  double single = 0;
+  if (!pool.single_all.empty()) {
+    report["single_stream"] = summarize(pool.single_all, pool.single_wall, options);
+    // With one token per event on a real model this is the pure decode rate;
+    // tokens_per_s beside it counts the prompt's processing too, as the load's does.
+    report["single_stream"]["decode_tokens_per_s"] =
+        pool.decode_s > 0 ? static_cast<double>(pool.decode_tokens) / pool.decode_s : 0.0;
+    single = report["single_stream"]["tokens_per_s"].get<double>();
+    failed += report["single_stream"]["requests_failed"].get<int>();
+    note_errors(pool.single_all);
+  }
+  json pooled_points = json::array();
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    json item = {{"point", points[p].label}, {"load", summarize(pool.point_all[p], pool.point_wall[p], options)}};
+    if (points[p].concurrency > 0) item["clients"] = points[p].concurrency;
+    if (points[p].rate > 0) item["rate_per_s"] = points[p].rate;
+    if (single > 0) {
+      item["speedup_vs_single_stream"] = item["load"]["tokens_per_s"].get<double>() / single;
+      item["speedup_median_of_rounds"] = median(pool.point_ratios[p]);
+    }
+    failed += item["load"]["requests_failed"].get<int>();
+    note_errors(pool.point_all[p]);
+    pooled_points.push_back(std::move(item));
+  }
+  report["points"] = std::move(pooled_points);
+  return report;
+}
+
+// "http://host:port/..." or "http://[v6]:port" as (host, port); port 80 when none.
+std::pair<std::string, int> host_and_port(std::string url) {
+  if (const auto scheme = url.find("://"); scheme != std::string::npos) url.erase(0, scheme + 3);
+  url = url.substr(0, url.find('/'));
+  std::string host = url, port = "80";
+  if (!url.empty() && url[0] == '[') {
+    const auto close = url.find(']');
+    host = url.substr(1, close - 1);
+    if (close + 1 < url.size() && url[close + 1] == ':') port = url.substr(close + 2);
+  } else if (const auto colon = url.rfind(':'); colon != std::string::npos) {
+    host = url.substr(0, colon);
+    port = url.substr(colon + 1);
+  }
+  return {host, std::atoi(port.c_str())};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -560,6 +629,22 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.seed, "Seed of every random choice")->capture_default_str();
   app.add_option("--api-key-file", options.api_key_file, "File with the server's API key");
   app.add_option("--json-out", options.json_out, "Also write the report to this file");
+  app.add_option("--slowloris", options.slowloris,
+                 "Each round runs again with this many slowloris connections held open: each sends a request line, "
+                 "then one header byte every --slowloris-interval-ms, and is reopened when the server closes it. "
+                 "The report's \"slowloris\" part pools those runs and gives, per figure, the median over rounds "
+                 "of its ratio to the same round without them (RELIABILITY.md row 83: generation P99 unaffected)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4000));
+  app.add_option("--slowloris-interval-ms", options.slowloris_interval_ms,
+                 "Milliseconds between two header bytes of a slowloris connection")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+  app.add_option("--slowloris-lead-ms", options.slowloris_lead_ms,
+                 "Milliseconds the slowloris connections are held before the round's requests start; above the "
+                 "server's read_timeout_s, the requests meet connections being closed and reopened")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 600000));
   CLI11_PARSE(app, argc, argv);
   if (!sweep_text.empty() && !rates_text.empty()) {
     std::fprintf(stderr, "colibri-loadgen: --sweep and --rates are two kinds of load; give one\n");
@@ -607,16 +692,14 @@ int main(int argc, char** argv) {
   const auto server_start = metrics.read();
   Sampler sampler(options.url, api_key, options.sample_seconds);
 
-  // Pooled over rounds: the baseline, and each point's requests and wall time.
-  std::vector<RequestStats> single_all;
-  double single_wall = 0, decode_s = 0;
-  long decode_tokens = 0;
-  std::vector<std::vector<RequestStats>> point_all(points.size());
-  std::vector<double> point_wall(points.size(), 0.0);
-  std::vector<std::vector<double>> point_ratios(points.size());
-  json rounds = json::array();
-  for (int round = 0; round < options.rounds && Clock::now() < deadline; ++round) {
-    const std::uint64_t round_seed = options.seed * 1000003u + static_cast<std::uint64_t>(round) * 7919u;
+  std::unique_ptr<colibri::loadgen::Slowloris> slowloris;
+  if (options.slowloris > 0) {
+    const auto [host, port] = host_and_port(options.url);
+    slowloris = std::make_unique<colibri::loadgen::Slowloris>(host, port, options.slowloris, options.slowloris_interval_ms);
+  }
+
+  // One round's baseline and load points, into `pool`; the round's report.
+  auto run_phase = [&](Pool& pool, int round, std::uint64_t round_seed, const char* tag) {
     json entry = json::object();
     double base = 0;
     if (options.baseline_requests > 0) {
@@ -628,13 +711,13 @@ int main(int argc, char** argv) {
       const double wall = std::chrono::duration<double>(Clock::now() - start).count();
       for (const RequestStats& s : single)
         if (s.ok) {
-          decode_s += s.decode_s;
-          decode_tokens += s.tokens - 1;
+          pool.decode_s += s.decode_s;
+          pool.decode_tokens += s.tokens - 1;
         }
       entry["single_stream"] = summarize(single, wall, options);
       base = entry["single_stream"]["tokens_per_s"].get<double>();
-      single_all.insert(single_all.end(), single.begin(), single.end());
-      single_wall += wall;
+      pool.single_all.insert(pool.single_all.end(), single.begin(), single.end());
+      pool.single_wall += wall;
     }
     json round_points = json::array();
     for (std::size_t p = 0; p < points.size() && Clock::now() < deadline; ++p) {
@@ -653,21 +736,54 @@ int main(int argc, char** argv) {
       if (point.rate > 0) item["rate_per_s"] = point.rate;
       if (base > 0) {
         item["speedup_vs_single_stream"] = summary["tokens_per_s"].get<double>() / base;
-        point_ratios[p].push_back(item["speedup_vs_single_stream"].get<double>());
+        pool.point_ratios[p].push_back(item["speedup_vs_single_stream"].get<double>());
       }
       std::fprintf(stderr,
-                   "round %d %-14s ok %d failed %d hung up %d  %.1f tok/s  TTFT P50 %.3f P99 %.3f s  ITL P50 %.3f "
+                   "round %d%s %-14s ok %d failed %d hung up %d  %.1f tok/s  TTFT P50 %.3f P99 %.3f s  ITL P50 %.3f "
                    "P99 %.3f s  goodput %.0f %%\n",
-                   round + 1, point.label.c_str(), summary["requests_ok"].get<int>(),
+                   round + 1, tag, point.label.c_str(), summary["requests_ok"].get<int>(),
                    summary["requests_failed"].get<int>(), summary["requests_hung_up"].get<int>(),
                    summary["tokens_per_s"].get<double>(), summary["ttft_p50_s"].get<double>(),
                    summary["ttft_p99_s"].get<double>(), summary["itl_p50_s"].get<double>(),
                    summary["itl_p99_s"].get<double>(), 100 * summary["goodput_fraction"].get<double>());
       round_points.push_back(std::move(item));
-      point_all[p].insert(point_all[p].end(), results.begin(), results.end());
-      point_wall[p] += wall;
+      pool.point_all[p].insert(pool.point_all[p].end(), results.begin(), results.end());
+      pool.point_wall[p] += wall;
     }
     entry["points"] = std::move(round_points);
+    return entry;
+  };
+
+  Pool plain(points.size()), attacked(points.size());
+  std::map<std::string, std::vector<double>> attack_ratios;  // per round, attacked / plain
+  json rounds = json::array();
+  for (int round = 0; round < options.rounds && Clock::now() < deadline; ++round) {
+    const std::uint64_t round_seed = options.seed * 1000003u + static_cast<std::uint64_t>(round) * 7919u;
+    json entry = run_phase(plain, round, round_seed, "");
+    if (slowloris && Clock::now() < deadline) {
+      // The same requests again, with the slow connections held open: the
+      // pair is measured minutes apart at most, in one phase of the host.
+      slowloris->start();
+      std::this_thread::sleep_for(std::chrono::milliseconds(options.slowloris_lead_ms));
+      json under = run_phase(attacked, round, round_seed, " slowloris");
+      json attack = slowloris->stop();
+      under["attack"] = std::move(attack);
+      auto ratio = [&](const std::string& name, const json& a, const json& b, const char* key) {
+        const double denominator = b.value(key, 0.0);
+        if (denominator > 0) attack_ratios[name].push_back(a.value(key, 0.0) / denominator);
+      };
+      if (entry.contains("single_stream") && under.contains("single_stream")) {
+        ratio("single_stream_itl_p99", under["single_stream"], entry["single_stream"], "itl_p99_s");
+        ratio("single_stream_ttft_p99", under["single_stream"], entry["single_stream"], "ttft_p99_s");
+      }
+      for (std::size_t p = 0; p < under["points"].size() && p < entry["points"].size(); ++p) {
+        ratio(points[p].label + " itl_p99", under["points"][p]["load"], entry["points"][p]["load"], "itl_p99_s");
+        ratio(points[p].label + " ttft_p99", under["points"][p]["load"], entry["points"][p]["load"], "ttft_p99_s");
+        ratio(points[p].label + " tokens_per_s", under["points"][p]["load"], entry["points"][p]["load"],
+              "tokens_per_s");
+      }
+      entry["slowloris"] = std::move(under);
+    }
     rounds.push_back(std::move(entry));
   }
 
@@ -680,38 +796,26 @@ int main(int argc, char** argv) {
                        {"slo_ttft_ms", options.slo_ttft_ms},
                        {"slo_tpot_ms", options.slo_tpot_ms},
                        {"seed", options.seed}};
-  double single = 0;
-  if (!single_all.empty()) {
-    report["single_stream"] = summarize(single_all, single_wall, options);
-    // With one token per event on a real model this is the pure decode rate;
-    // tokens_per_s beside it counts the prompt's processing too, as the load's does.
-    report["single_stream"]["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
-    single = report["single_stream"]["tokens_per_s"].get<double>();
-  }
-  json pooled_points = json::array();
-  int failed = report.contains("single_stream") ? report["single_stream"]["requests_failed"].get<int>() : 0;
+  int failed = 0;
   std::string first_error;
-  for (std::size_t p = 0; p < points.size(); ++p) {
-    json item = {{"point", points[p].label}, {"load", summarize(point_all[p], point_wall[p], options)}};
-    if (points[p].concurrency > 0) item["clients"] = points[p].concurrency;
-    if (points[p].rate > 0) item["rate_per_s"] = points[p].rate;
-    if (single > 0) {
-      item["speedup_vs_single_stream"] = item["load"]["tokens_per_s"].get<double>() / single;
-      item["speedup_median_of_rounds"] = median(point_ratios[p]);
-    }
-    failed += item["load"]["requests_failed"].get<int>();
-    for (const RequestStats& s : point_all[p])
-      if (first_error.empty() && !s.ok && !s.hung_up) first_error = s.error;
-    pooled_points.push_back(std::move(item));
-  }
+  report.update(pooled_report(plain, points, options, failed, first_error));
   // One point (the default --clients load) keeps the report's earlier keys.
-  if (pooled_points.size() == 1) {
-    report["concurrent"] = pooled_points[0]["load"];
+  if (points.size() == 1) {
+    const json& only = report["points"][0];
+    report["concurrent"] = only["load"];
     report["concurrent"]["clients"] = options.clients;
     for (const char* key : {"speedup_vs_single_stream", "speedup_median_of_rounds"})
-      if (pooled_points[0].contains(key)) report[key] = pooled_points[0][key];
+      if (only.contains(key)) report[key] = only[key];
   }
-  report["points"] = std::move(pooled_points);
+  if (slowloris) {
+    json under = pooled_report(attacked, points, options, failed, first_error);
+    under["connections"] = options.slowloris;
+    under["interval_ms"] = options.slowloris_interval_ms;
+    json medians = json::object();
+    for (const auto& [name, values] : attack_ratios) medians[name] = median(values);
+    under["ratio_to_plain_median_of_rounds"] = std::move(medians);
+    report["slowloris"] = std::move(under);
+  }
   report["rounds"] = std::move(rounds);
   if (!first_error.empty()) report["first_error"] = first_error;
 

@@ -5,6 +5,9 @@
 #      more clients than sessions (requests queue);
 #   2. open-loop Poisson arrivals where 60 % of the clients hang up, some while
 #      their 900-token prompt is processed, some mid-stream;
+#   3. 40 slowloris connections against a server with 4 HTTP threads and a
+#      1 s read_timeout_s: every request still succeeds, each connection is
+#      closed with a 408 and reopened, and the descriptors come back;
 # after each, --check-idle: no session, nothing queued, descriptors back.
 # Then the check itself must fail against a stub server whose /metrics still
 # shows a busy session, or it could pass without looking.
@@ -81,7 +84,38 @@ assert len(d["samples"]) >= 2 and "process_resident_memory_bytes" in d["samples"
 EOF
 grep -q "finish=cancelled stream=true" "$work/server.log" || fail "no hung-up request was logged as cancelled"
 
-# 3. --check-idle against a server that stays busy: it must say so and exit 1.
+# 3. Slowloris: 40 connections trickling header bytes hold none of the 4 HTTP
+# threads (else the requests below would wait for them and time out); the
+# 2.5 s lead lets the server close each one with its 408 at least once.
+"$server" --model "$data_dir/fixtures/qwen3moe-tiny" --port 0 --grpc-port -1 --http-threads 4 \
+  --read-timeout-s 1 --watch-model off > "$work/slow.out" 2> "$work/slow.log" &
+pids+=($!)
+slow_port=$(wait_for_port "$work/slow.out") || fail "the slowloris server did not start"
+"$loadgen" --url "http://127.0.0.1:$slow_port" --clients 2 --requests 6 --baseline-requests 1 --max-tokens 16 \
+  --slowloris 40 --slowloris-interval-ms 200 --slowloris-lead-ms 2500 --duration 120 --check-idle \
+  > "$work/slow.json" 2> "$work/slow.err" || fail "slowloris: $(cat "$work/slow.err")"
+python3 - "$work/slow.json" << 'EOF' || fail "slowloris report"
+import json, sys
+d = json.load(open(sys.argv[1]))
+under = d["slowloris"]
+assert under["connections"] == 40 and under["interval_ms"] == 200, under
+assert under["single_stream"]["requests_ok"] == 1 and under["single_stream"]["requests_failed"] == 0, under
+load = under["points"][0]["load"]
+assert load["requests_ok"] == 6 and load["requests_failed"] == 0, load
+attack = d["rounds"][0]["slowloris"]["attack"]
+assert attack["connect_failures"] == 0, attack
+assert attack["closed_by_server"] >= 40 and attack["answered_408"] >= 40, attack
+assert attack["opened"] >= 80, attack  # each reopened at least once
+# The server let each live about read_timeout_s (1 s) from its first byte.
+assert 0.8 <= attack["server_closed_after_s"]["p50"] <= 2.5, attack
+ratios = under["ratio_to_plain_median_of_rounds"]
+# Each figure over the same figure without the attack (ITL ratios are left out
+# where the fixture's tokens arrive too close together to time).
+assert ratios["clients 2 tokens_per_s"] > 0 and ratios["clients 2 ttft_p99"] > 0, ratios
+assert d["server"]["idle"] is True, d["server"]
+EOF
+
+# 4. --check-idle against a server that stays busy: it must say so and exit 1.
 python3 - "$work/stub.port" << 'EOF' > "$work/stub.log" 2>&1 &
 import http.server, json, sys
 class Stub(http.server.BaseHTTPRequestHandler):
