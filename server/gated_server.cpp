@@ -177,6 +177,20 @@ void close_connection(int fd) {
   close(fd);
 }
 
+// Reads and drops what the client sent and nothing read (the gate only
+// peeks), so that closing sends a FIN after the answer, not a reset: a reset
+// can make the client's kernel drop the answer unread (of 1000 slowloris
+// connections closed with a 408, 46-260 per run never saw it). Bounded and
+// never blocking: a client still sending gets the reset.
+void discard_unread(int fd) {
+  char sink[16384];
+  for (std::size_t dropped = 0; dropped < 256 * 1024;) {
+    const ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n <= 0) return;
+    dropped += static_cast<std::size_t>(n);
+  }
+}
+
 // Answers a request that never reached cpp-httplib, in OpenAI's error shape,
 // then closes. Best effort and never blocking: the client may be gone.
 void refuse(int fd, int status, const char* reason, const char* message, const char* code) {
@@ -185,6 +199,7 @@ void refuse(int fd, int status, const char* reason, const char* message, const c
                                "\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
                                std::to_string(body.size()) + "\r\n\r\n" + body;
   [[maybe_unused]] const ssize_t sent = send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  discard_unread(fd);
   close_connection(fd);
 }
 

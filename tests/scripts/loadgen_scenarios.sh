@@ -104,7 +104,12 @@ load = under["points"][0]["load"]
 assert load["requests_ok"] == 6 and load["requests_failed"] == 0, load
 attack = d["rounds"][0]["slowloris"]["attack"]
 assert attack["connect_failures"] == 0, attack
-assert attack["closed_by_server"] >= 40 and attack["answered_408"] >= 40, attack
+# Each closed with its 408 readable: the server drops the unread header bytes
+# before closing, so the close is a FIN, not a reset that can discard the
+# answer (5-10 % of them were lost before). Two spare for a byte sent in the
+# instant between the drop and the close.
+assert attack["closed_by_server"] >= 40, attack
+assert attack["answered_408"] >= attack["closed_by_server"] - 2, attack
 assert attack["opened"] >= 80, attack  # each reopened at least once
 # The server let each live about read_timeout_s (1 s) from its first byte.
 assert 0.8 <= attack["server_closed_after_s"]["p50"] <= 2.5, attack
