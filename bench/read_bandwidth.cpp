@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #if defined(__x86_64__)
@@ -101,23 +103,52 @@ std::size_t default_read_buffer_bytes() {
   return std::clamp<std::size_t>(want, std::size_t{512} << 20, std::size_t{2} << 30);
 }
 
-ReadBandwidth measure_memory_bandwidth(std::int32_t threads, std::span<const std::int32_t> cores,
-                                     std::size_t buffer_bytes, std::int32_t passes) {
-  threads = std::max<std::int32_t>(1, threads);
-  passes = std::max<std::int32_t>(1, passes);
+struct ReadTestBuffer::State {
+  std::int32_t threads = 1;
+  std::size_t slice = 0;
+  std::optional<Arena> arena;
+  bool touched = false;
+};
+
+ReadTestBuffer::ReadTestBuffer(std::int32_t threads, std::size_t buffer_bytes) : state_(std::make_unique<State>()) {
   constexpr std::size_t kSliceAlign = 4096;
-  const std::size_t slice = std::max<std::size_t>(buffer_bytes / static_cast<std::size_t>(threads) / kSliceAlign, 1) *
-                            kSliceAlign;
+  state_->threads = std::max<std::int32_t>(1, threads);
+  state_->slice =
+      std::max<std::size_t>(buffer_bytes / static_cast<std::size_t>(state_->threads) / kSliceAlign, 1) * kSliceAlign;
+  if (auto arena = Arena::create(state_->slice * static_cast<std::size_t>(state_->threads)))
+    state_->arena.emplace(std::move(*arena));
+}
+
+ReadTestBuffer::ReadTestBuffer(ReadTestBuffer&&) noexcept = default;
+ReadTestBuffer::~ReadTestBuffer() = default;
+
+bool ReadTestBuffer::empty() const { return !state_->arena; }
+
+std::size_t ReadTestBuffer::resident_bytes() const {
+  if (!state_->arena) return 0;
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = state_->arena->capacity();
+  std::vector<unsigned char> resident((bytes + page - 1) / page);
+  if (mincore(state_->arena->data(), bytes, resident.data()) != 0) return bytes;
+  std::size_t pages = 0;
+  for (unsigned char r : resident) pages += r & 1u;
+  return pages * page;
+}
+
+ReadBandwidth ReadTestBuffer::measure(std::span<const std::int32_t> cores, std::int32_t passes) {
+  const std::int32_t threads = state_->threads;
+  const std::size_t slice = state_->slice;
+  passes = std::max<std::int32_t>(1, passes);
   ReadBandwidth result;
   result.buffer_bytes = slice * static_cast<std::size_t>(threads);
   result.threads = threads;
   result.passes = passes;
   result.isa = read_isa();
-
-  auto arena = Arena::create(result.buffer_bytes);
-  if (!arena) return result;
-  result.pages = std::string(page_kind_name(arena->kind()));
-  std::byte* const buffer = arena->data();
+  if (!state_->arena) return result;
+  result.pages = std::string(page_kind_name(state_->arena->kind()));
+  std::byte* const buffer = state_->arena->data();
+  const bool touch = !state_->touched;
+  state_->touched = true;
 
   std::barrier sync(threads);
   std::vector<double> seconds(static_cast<std::size_t>(passes) + 1);
@@ -142,8 +173,11 @@ ReadBandwidth measure_memory_bandwidth(std::int32_t threads, std::span<const std
     // First touch by the reader (local pages), with every page different: a
     // hypervisor merging identical pages (host KSM) would otherwise serve the
     // whole buffer from a few cached pages (measured: 85 GB/s "bandwidth").
-    auto* words = reinterpret_cast<std::uint64_t*>(mine);
-    for (std::size_t i = 0; i < slice / 8; ++i) words[i] = (i + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(index);
+    if (touch) {
+      auto* words = reinterpret_cast<std::uint64_t*>(mine);
+      for (std::size_t i = 0; i < slice / 8; ++i)
+        words[i] = (i + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(index);
+    }
     std::uint64_t sink = 0;
     for (std::int32_t pass = 0; pass <= passes; ++pass) {
       sync.arrive_and_wait();
@@ -178,6 +212,12 @@ ReadBandwidth measure_memory_bandwidth(std::int32_t threads, std::span<const std
   for (std::uint64_t s : sinks) all ^= s;
   asm volatile("" : : "r"(all) : "memory");
   return result;
+}
+
+ReadBandwidth measure_memory_bandwidth(std::int32_t threads, std::span<const std::int32_t> cores,
+                                     std::size_t buffer_bytes, std::int32_t passes) {
+  ReadTestBuffer buffer(threads, buffer_bytes);
+  return buffer.measure(cores, passes);
 }
 
 }  // namespace colibri::bench

@@ -143,6 +143,10 @@ struct RequestResult {
   // during it (around it, strictly: the counters are read just outside the
   // timed window).
   std::vector<std::uint64_t> step_preemptions;
+  // Per decode step: the most time one team thread spent runnable but off
+  // its core (schedstat run_delay), so the time other tasks took from the
+  // step: members wait for the slowest. Empty when schedstat is unreadable.
+  std::vector<double> step_cpu_wait_seconds;
   std::vector<double> router_seconds;  // router matvec time in each decode step
   std::vector<std::array<double, 6>> phase_seconds;  // per decode step, see PhaseTimer
 };
@@ -316,8 +320,9 @@ int main(int argc, char** argv) {
   app.add_option("--step-times", step_times_path,
                  "Also write every timed decode step to this file, one line each: request, step, "
                  "milliseconds, then the step's phases in ms (qkv, attention, o, router, experts, "
-                 "lm_head), and how often a team thread was preempted during it, to see where a latency "
-                 "tail comes from");
+                 "lm_head), how often a team thread was preempted during it, and the most milliseconds a "
+                 "team thread waited for its core (when /proc schedstat is readable), to see where a "
+                 "latency tail comes from");
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
@@ -493,6 +498,16 @@ int main(int argc, char** argv) {
     for (pid_t tid : team_tids) total += colibri::benchtool::thread_involuntary_switches(tid).value_or(0);
     return total;
   };
+  // Each team thread's run_delay now, or empty when unreadable.
+  auto team_run_delays = [&team_tids]() {
+    std::vector<std::uint64_t> delays;
+    for (pid_t tid : team_tids) {
+      const auto delay = colibri::benchtool::thread_run_delay_ns(tid);
+      if (!delay) return std::vector<std::uint64_t>{};
+      delays.push_back(*delay);
+    }
+    return delays;
+  };
 
   auto run_request = [&](bool timed) -> colibri::Result<RequestResult> {
     sampler.reseed(seed + request_index++);
@@ -518,6 +533,7 @@ int main(int argc, char** argv) {
       const colibri::ExpertStoreTotals before = store ? store->totals() : colibri::ExpertStoreTotals{};
       phase_timer.step = {};
       const std::uint64_t preemptions_before = team_preemptions();
+      const std::vector<std::uint64_t> delays_before = team_run_delays();
       const auto step_start = Clock::now();
       phase_timer.last = step_start;
       auto step = session.decode(token);
@@ -525,6 +541,12 @@ int main(int argc, char** argv) {
       token = pick(*step);
       r.step_seconds.push_back(seconds_since(step_start));
       r.step_preemptions.push_back(team_preemptions() - preemptions_before);
+      if (const std::vector<std::uint64_t> delays_after = team_run_delays();
+          !delays_before.empty() && delays_after.size() == delays_before.size()) {
+        std::uint64_t most = 0;
+        for (std::size_t m = 0; m < delays_after.size(); ++m) most = std::max(most, delays_after[m] - delays_before[m]);
+        r.step_cpu_wait_seconds.push_back(static_cast<double>(most) * 1e-9);
+      }
       if (store && timed) {
         add_store_delta(before, store->totals());
         ++decode_steps_timed;
@@ -544,12 +566,16 @@ int main(int argc, char** argv) {
   const std::size_t read_buffer_bytes =
       bandwidth_mib > 0 ? bandwidth_mib << 20 : colibri::bench::default_read_buffer_bytes();
   std::string adjacent_note;
-  // The adjacent read tests' buffer must not count as the process's peak.
-  if (adjacent_passes > 0 && !colibri::benchtool::reset_peak_rss()) {
-    adjacent_note = "no adjacent read tests: /proc/self/clear_refs is not writable, so their buffer would "
-                    "count as the peak RSS";
+  // One read-test buffer for every read test from here on, kept to the end
+  // (read_bandwidth.h: a buffer freed between requests stalled the decode
+  // steps that ran when the VM handed it back to the host). It stays out of
+  // the peak RSS: its resident bytes are subtracted.
+  colibri::bench::ReadTestBuffer read_buffer(threads, read_buffer_bytes);
+  if (adjacent_passes > 0 && read_buffer.empty()) {
+    adjacent_note = "no adjacent read tests: their buffer could not be mapped";
     adjacent_passes = 0;
   }
+  std::size_t read_buffer_resident = 0;
   // Faults, CPU time and wall time are summed over the requests only, not the
   // read tests between them (whose first touch alone faults in every page).
   colibri::benchtool::Faults timed_faults;
@@ -558,9 +584,8 @@ int main(int argc, char** argv) {
   std::vector<RequestResult> results;
   for (std::int32_t i = 0; i < requests; ++i) {
     if (adjacent_passes > 0) {
-      adjacent_bandwidth.push_back(
-          colibri::bench::measure_memory_bandwidth(threads, cores, read_buffer_bytes, adjacent_passes).best);
-      colibri::benchtool::reset_peak_rss();
+      adjacent_bandwidth.push_back(read_buffer.measure(cores, adjacent_passes).best);
+      read_buffer_resident = read_buffer.resident_bytes();
     }
     const colibri::benchtool::Faults faults_before = colibri::benchtool::process_faults();
     const double cpu_before = colibri::benchtool::process_cpu_seconds();
@@ -572,7 +597,8 @@ int main(int argc, char** argv) {
     const colibri::benchtool::Faults faults_after = colibri::benchtool::process_faults();
     timed_faults.minor += faults_after.minor - faults_before.minor;
     timed_faults.major += faults_after.major - faults_before.major;
-    peak_rss = std::max(peak_rss, colibri::benchtool::peak_rss_bytes().value_or(0));
+    const std::uint64_t high_water = colibri::benchtool::peak_rss_bytes().value_or(0);
+    peak_rss = std::max<std::uint64_t>(peak_rss, high_water > read_buffer_resident ? high_water - read_buffer_resident : 0);
     results.push_back(std::move(*r));
   }
   if (!step_times_path.empty()) {
@@ -583,6 +609,8 @@ int main(int argc, char** argv) {
         std::fprintf(out, "%zu %zu %.3f", i, s, results[i].step_seconds[s] * 1e3);
         for (double phase : results[i].phase_seconds[s]) std::fprintf(out, " %.3f", phase * 1e3);
         std::fprintf(out, " %llu", static_cast<unsigned long long>(results[i].step_preemptions[s]));
+        if (s < results[i].step_cpu_wait_seconds.size())
+          std::fprintf(out, " %.3f", results[i].step_cpu_wait_seconds[s] * 1e3);
         std::fputc('\n', out);
       }
     std::fclose(out);
@@ -637,6 +665,23 @@ int main(int argc, char** argv) {
     }
   }
   const bool have_calm = !calm.empty();
+  // Each step less the time its slowest team thread waited for its core:
+  // what the step would have taken had no other task run on the team's
+  // cores (approximately: two members delayed at different moments can add
+  // more than the larger delay). Beside it, those waits themselves.
+  std::vector<double> net_steps, cpu_waits;
+  for (const RequestResult& r : results)
+    if (r.step_cpu_wait_seconds.size() == r.step_seconds.size())
+      for (std::size_t s = 0; s < r.step_seconds.size(); ++s) {
+        cpu_waits.push_back(r.step_cpu_wait_seconds[s]);
+        net_steps.push_back(std::max(0.0, r.step_seconds[s] - r.step_cpu_wait_seconds[s]));
+      }
+  const bool have_net = !net_steps.empty() && net_steps.size() == all_steps;
+  const double net_p50 = percentile(net_steps, 50) * 1e3, net_p95 = percentile(net_steps, 95) * 1e3,
+               net_p99 = percentile(net_steps, 99) * 1e3;
+  double cpu_wait_total = 0, step_total = 0;
+  for (double w : cpu_waits) cpu_wait_total += w;
+  for (double t : all_step_seconds) step_total += t;
   const double calm_p50 = percentile(calm, 50) * 1e3, calm_p95 = percentile(calm, 95) * 1e3,
                calm_p99 = percentile(calm, 99) * 1e3;
   // Per phase: the median over every timed decode step of all requests.
@@ -666,7 +711,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::int32_t> read_cores = cores;
   const colibri::bench::ReadBandwidth bandwidth =
-      colibri::bench::measure_memory_bandwidth(threads, read_cores, read_buffer_bytes, passes);
+      read_buffer.empty() ? colibri::bench::measure_memory_bandwidth(threads, read_cores, read_buffer_bytes, passes)
+                          : read_buffer.measure(read_cores, passes);
   const double roofline = bandwidth.best > 0 ? static_cast<double>(traffic.total()) * decode_rate / bandwidth.best : 0;
   // Each request's decode rate over the read test just before it.
   std::vector<double> adjacent_rooflines;
@@ -835,6 +881,18 @@ int main(int argc, char** argv) {
       {"decode_latency_unpreempted_ms",
        have_calm ? nlohmann::json{{"p50", calm_p50}, {"p95", calm_p95}, {"p99", calm_p99}, {"steps", calm.size()}}
                  : nlohmann::json(nullptr)},
+      {"decode_cpu_wait_ms",
+       have_net ? nlohmann::json{{"p50", percentile(cpu_waits, 50) * 1e3},
+                                 {"p99", percentile(cpu_waits, 99) * 1e3},
+                                 {"max", percentile(cpu_waits, 100) * 1e3},
+                                 {"fraction_of_decode", step_total > 0 ? cpu_wait_total / step_total : 0.0},
+                                 {"method", "per step, the most time one team thread was runnable but off its core "
+                                            "(/proc schedstat run_delay)"}}
+                : nlohmann::json(nullptr)},
+      {"decode_latency_net_of_cpu_wait_ms",
+       have_net ? nlohmann::json{{"p50", net_p50}, {"p95", net_p95}, {"p99", net_p99},
+                                 {"method", "each step less its decode_cpu_wait, then percentiles over all steps"}}
+                : nlohmann::json(nullptr)},
       {"router_ms_per_token",
        {{"matvec", router_matvec_ms},
         {"top_k", top_k_ms},
@@ -935,6 +993,16 @@ int main(int argc, char** argv) {
     line("latency unpreempted",
          fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}) over the other {} steps",
                      calm_p50, calm_p95, calm_p99, calm_p99 / std::max(calm_p50, 1e-12), calm.size()));
+  if (have_net) {
+    line("waits for a core", fmt::format("{:.1f} % of decode time; per step P50 {:.3f} ms, P99 {:.2f} ms, max {:.2f} ms "
+                                         "(the longest a team thread was runnable but off its core)",
+                                         step_total > 0 ? 100 * cpu_wait_total / step_total : 0.0,
+                                         percentile(cpu_waits, 50) * 1e3, percentile(cpu_waits, 99) * 1e3,
+                                         percentile(cpu_waits, 100) * 1e3));
+    line("latency net of waits",
+         fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}): each step less its wait for a core",
+                     net_p50, net_p95, net_p99, net_p99 / std::max(net_p50, 1e-12)));
+  }
   line("decode step phases", fmt::format("qkv {:.2f}, attention {:.2f}, o {:.2f}, router {:.2f}, experts {:.2f}, "
                                          "lm_head {:.2f} ms (medians)",
                                          phase_ms[0], phase_ms[1], phase_ms[2], phase_ms[3], phase_ms[4], phase_ms[5]));

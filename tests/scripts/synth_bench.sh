@@ -68,6 +68,15 @@ need(doc["decode_steps_timed"] == 16 and 0 <= doc["decode_steps_preempted"] <= 1
 calm = doc["decode_latency_unpreempted_ms"]
 need((calm is None and doc["decode_steps_preempted"] == 16) or (calm is not None and 0 < calm["p50"] <= calm["p95"] <= calm["p99"]),
      "unpreempted latency percentiles")
+# Each step's wait for a core (schedstat run_delay, readable here) and the
+# step less it: a wait is part of its step, so the net can only be shorter.
+waits, net = doc["decode_cpu_wait_ms"], doc["decode_latency_net_of_cpu_wait_ms"]
+if os.path.exists("/proc/self/schedstat"):
+    need(waits is not None and 0 <= waits["p50"] <= waits["p99"] <= waits["max"], "waits for a core ordered")
+    need(0 <= waits["fraction_of_decode"] <= 1, "wait fraction")
+    need(net is not None and 0 <= net["p50"] <= net["p95"] <= net["p99"] <= lat["p99"] + 1e-9, "net latency")
+else:
+    need(waits is None and net is None, "no schedstat, no waits")
 need(doc["memory_bandwidth"]["best_GBps"] > 0, "bandwidth")
 # The team's CPU time over the timed window. On this tiny file the window is
 # about a millisecond, and CPU spent just outside it (between requests) lands

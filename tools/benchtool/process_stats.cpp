@@ -2,7 +2,6 @@
 
 #include <sys/resource.h>
 
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -56,19 +55,19 @@ double process_cpu_seconds() {
 std::optional<std::uint64_t> peak_rss_bytes() { return kib_field("VmHWM"); }
 std::optional<std::uint64_t> current_rss_bytes() { return kib_field("VmRSS"); }
 
-bool reset_peak_rss() {
-  std::FILE* file = std::fopen("/proc/self/clear_refs", "w");
-  if (file == nullptr) return false;
-  const bool written = std::fputs("5", file) >= 0;
-  return std::fclose(file) == 0 && written;
-}
-
 std::string thread_cpus_allowed(pid_t tid) {
   return status_field("/proc/self/task/" + std::to_string(tid) + "/status", "Cpus_allowed_list").value_or("");
 }
 
 std::optional<std::uint64_t> thread_involuntary_switches(pid_t tid) {
   return number_field("/proc/self/task/" + std::to_string(tid) + "/status", "nonvoluntary_ctxt_switches");
+}
+
+std::optional<std::uint64_t> thread_run_delay_ns(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/schedstat");
+  std::uint64_t on_cpu = 0, run_delay = 0;
+  if (!(in >> on_cpu >> run_delay)) return std::nullopt;
+  return run_delay;
 }
 
 }  // namespace colibri::benchtool

@@ -24,9 +24,6 @@ double process_cpu_seconds();
 // nullopt when unreadable.
 std::optional<std::uint64_t> peak_rss_bytes();
 std::optional<std::uint64_t> current_rss_bytes();
-// Sets VmHWM back to the current RSS (writes 5 to /proc/self/clear_refs), so
-// a buffer freed since no longer counts as the peak; false when refused.
-bool reset_peak_rss();
 
 // Cpus_allowed_list of one thread of this process ("3", "0-1"); empty when
 // unreadable.
@@ -36,5 +33,10 @@ std::string thread_cpus_allowed(pid_t tid);
 // (nonvoluntary_ctxt_switches: preempted by another task, not blocked);
 // nullopt when unreadable.
 std::optional<std::uint64_t> thread_involuntary_switches(pid_t tid);
+
+// Nanoseconds one thread of this process has spent runnable but waiting for
+// a CPU (the second field of /proc/self/task/TID/schedstat, run_delay): the
+// time other tasks held its core. nullopt when unreadable (no CONFIG_SCHED_INFO).
+std::optional<std::uint64_t> thread_run_delay_ns(pid_t tid);
 
 }  // namespace colibri::benchtool
