@@ -144,6 +144,7 @@ Arena& Arena::operator=(Arena&& other) noexcept {
     fallback_ = std::move(other.fallback_);
     locked_ = std::exchange(other.locked_, false);
     lock_error_ = std::move(other.lock_error_);
+    collapse_error_ = std::move(other.collapse_error_);
   }
   return *this;
 }
@@ -168,6 +169,20 @@ Result<std::byte*> Arena::allocate(std::size_t bytes, std::size_t alignment) {
                       start > size_ ? 0 : size_ - start, size_);
   used_ = start + bytes;
   return base_ + start;
+}
+
+bool Arena::collapse_huge_pages() {
+  // MADV_COLLAPSE is in the uapi headers since Linux 6.1; glibc's may lack it.
+  constexpr int kMadvCollapse = 25;
+  if (base_ == nullptr || kind_ != PageKind::TransparentHuge) return false;
+  if (madvise(base_, size_, kMadvCollapse) == 0) {
+    collapse_error_.clear();
+    return true;
+  }
+  const int error = errno;
+  collapse_error_ = error == EINVAL ? "MADV_COLLAPSE is not supported by this kernel (Linux 6.1+)"
+                                    : fmt::format("MADV_COLLAPSE: {}", std::strerror(error));
+  return false;
 }
 
 void Arena::prefault() {
@@ -220,6 +235,7 @@ std::string Arena::describe() const {
     text += backed ? fmt::format(", {} KiB huge-page backed", *backed >> 10) : ", huge-page backing unknown";
   }
   if (locked_) text += ", locked";
+  if (!collapse_error_.empty()) text += " (" + collapse_error_ + ")";
   return text;
 }
 

@@ -62,6 +62,14 @@ class Arena {
   // mlock the region now (faulting in what is not yet resident); false with
   // lock_error() set when the system refuses.
   bool lock();
+  // Transparent huge pages only: asks the kernel to back what is resident
+  // with huge pages now (MADV_COLLAPSE, Linux 6.1+), compacting or reclaiming
+  // page cache to find them. A THP region filled right after creation gets
+  // huge pages only where free 2 MiB blocks happened to exist at each fault.
+  // Best effort: false with collapse_error() set when the kernel could not or
+  // does not know the call; the region is unchanged and works as before.
+  bool collapse_huge_pages();
+  const std::string& collapse_error() const { return collapse_error_; }
 
   std::byte* data() const { return base_; }
   std::size_t capacity() const { return size_; }
@@ -91,6 +99,7 @@ class Arena {
   std::string fallback_;
   bool locked_ = false;
   std::string lock_error_;
+  std::string collapse_error_;
 };
 
 }  // namespace colibri
