@@ -109,6 +109,24 @@ Generation::~Generation() {
   sigbus::unregister_range(guard_slot);
 }
 
+namespace {
+
+// Positions per session: context_length, or the model's own maximum capped at
+// the default when it is 0.
+std::int64_t session_context(const Config& config, const ModelConfig& c) {
+  if (config.context_length != 0) return config.context_length;
+  return std::min<std::int64_t>(c.max_positions > 0 ? c.max_positions : Session::kDefaultMaxContext,
+                                Session::kDefaultMaxContext);
+}
+
+// The KV caches of max_sessions sessions.
+double kv_memory(const Config& config, const ModelConfig& c, KvCacheType kv_type) {
+  return static_cast<double>(kv_cache_bytes(c, static_cast<std::int32_t>(session_context(config, c)), kv_type)) *
+         static_cast<double>(config.max_sessions);
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool verify, Metrics& metrics) {
   auto generation = std::make_shared<Generation>();
   generation->path = config.model;
@@ -122,6 +140,12 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   load.lock = config.lock_memory;
   // The config's choices are the parser's names.
   load.set_weights_memory(*weights_memory_from_name(config.model_memory), config.expert_cache_mb > 0);
+  // A converted checkpoint's weights are f32, so an auto KV cache is f32 too
+  // (resolve_kv_cache_type); checked before a conversion that can take minutes.
+  load.converted_reserve = [&config](const ModelConfig& c) {
+    const KvCacheType requested = kv_cache_type_from_name(config.kv_cache).value_or(KvCacheType::Auto);
+    return static_cast<std::uint64_t>(kv_memory(config, c, requested == KvCacheType::Auto ? KvCacheType::F32 : requested));
+  };
   std::shared_ptr<const Model> model;
   auto load_model = [&]() -> Status {
     sigbus::LoadScope scope;
@@ -152,15 +176,11 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   // keeps its own until its last request ends. A copy made by `auto` gives way
   // to a mapping when the two do not fit together.
   const ModelConfig& c = model->config();
-  std::int64_t context = config.context_length;
-  if (context == 0) context = std::min<std::int64_t>(c.max_positions > 0 ? c.max_positions : Session::kDefaultMaxContext,
-                                                     Session::kDefaultMaxContext);
   // The config's choices are the type names; auto resolves per model (f16 for int8/int4 weights).
   const KvCacheType kv_type = resolve_kv_cache_type(
       kv_cache_type_from_name(config.kv_cache).value_or(KvCacheType::Auto), *model);
-  const double kv = static_cast<double>(kv_cache_bytes(c, static_cast<std::int32_t>(context), kv_type)) *
-                    static_cast<double>(config.max_sessions);
   // An expert store's slots are allocated when it opens, below.
+  const double kv = kv_memory(config, c, kv_type);
   const double needed = kv + static_cast<double>(config.expert_cache_mb) * 1048576.0;
   std::uint64_t available = available_memory();
   if (needed + static_cast<double>(available) / 10 > static_cast<double>(available) && load.memory == WeightsMemory::Auto &&
@@ -244,7 +264,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     generation->scheduler = std::make_unique<Scheduler>(model, options, metrics);
   } catch (const std::bad_alloc&) {
     return make_error("{}: not enough memory for {} sessions of {} positions", config.model, config.max_sessions,
-                      context);
+                      session_context(config, c));
   }
   if (!copy && !model->mapped_bytes().empty()) {
     const auto bytes = model->mapped_bytes();

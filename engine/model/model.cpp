@@ -20,7 +20,9 @@ namespace colibri {
 // filled, so a bad checkpoint costs nothing.
 class HfLoader {
  public:
-  HfLoader(Model& model, const TensorSource& source) : model_(model), source_(source) {}
+  // `reserve`: bytes the caller needs beside the f32 weights (LoadOptions::converted_reserve).
+  HfLoader(Model& model, const TensorSource& source, std::uint64_t reserve)
+      : model_(model), source_(source), reserve_(reserve) {}
 
   Status bind_all() {
     const ModelConfig& c = model_.config_;
@@ -44,11 +46,19 @@ class HfLoader {
     // what is left would be half-filled and then OOM-killed, taking a
     // serving process with it. Refused by arithmetic instead.
     const std::uint64_t needed = static_cast<std::uint64_t>(total) * sizeof(float);
-    if (const std::uint64_t available = available_memory(); needed > available)
+    const std::uint64_t available = available_memory();
+    if (needed > available)
       return make_error("{}: not enough memory to convert this checkpoint at load: its {} weights need {} MiB as "
                         "f32, {} MiB are available (MemAvailable, cgroup memory limit); convert it once with "
                         "colibri-convert --quant int8 (or int4) and load the .colibri file, which is mapped, not copied",
                         source_.describe(), total, needed >> 20, available >> 20);
+    if (reserve_ > available - needed)
+      return make_error("{}: not enough memory: converted at load its {} weights take {} MiB as f32, and {} MiB "
+                        "more are needed beside them (KV caches), {} MiB are available (MemAvailable, cgroup memory "
+                        "limit); nothing was converted. Lower max_sessions or context_length, set kv_cache to f16, or "
+                        "convert it once with colibri-convert --quant int8 and load the .colibri file (mapped, not "
+                        "copied, and its KV caches f16)",
+                        source_.describe(), total, needed >> 20, reserve_ >> 20, available >> 20);
     model_.storage_.resize(total);
     model_.weight_bytes_ = total * sizeof(float);
     std::size_t offset = 0;
@@ -69,11 +79,12 @@ class HfLoader {
  private:
   Model& model_;
   const TensorSource& source_;
+  std::uint64_t reserve_ = 0;
 };
 
 Result<std::shared_ptr<const Model>> Model::from_source(const std::filesystem::path& path,
                                                        ModelConfig config, Tokenizer tokenizer,
-                                                       const TensorSource& source, bool lock) {
+                                                       const TensorSource& source, const LoadOptions& options) {
   if (tokenizer.vocab_size() > config.vocab)
     return make_error("{}: tokenizer has {} tokens but the model's vocabulary is {}", path.string(),
                       tokenizer.vocab_size(), config.vocab);
@@ -81,10 +92,11 @@ Result<std::shared_ptr<const Model>> Model::from_source(const std::filesystem::p
   model->path_ = path;
   model->config_ = std::move(config);
   model->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
-  HfLoader loader(*model, source);
+  const std::uint64_t reserve = options.converted_reserve ? options.converted_reserve(model->config_) : 0;
+  HfLoader loader(*model, source, reserve);
   COLIBRI_TRY(loader.bind_all());
   const std::size_t bytes = model->storage_.size() * sizeof(float);
-  if (lock && bytes > 0) {
+  if (options.lock && bytes > 0) {
     if (::mlock(model->storage_.data(), bytes) == 0) model->storage_locked_ = true;
     else model->storage_lock_error_ = mlock_failure(bytes, errno);
   }
@@ -122,7 +134,7 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   if (std::filesystem::is_regular_file(path, ec) && path.extension() == ".gguf") {
     auto gguf = open_gguf_model(path);
     if (!gguf) return gguf.error();
-    return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source, options.lock);
+    return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source, options);
   }
   if (!std::filesystem::is_directory(path, ec))
     return make_error("{}: not a regular file or a directory: a model is a .colibri or .gguf file, or a Hugging "
@@ -135,7 +147,7 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   auto checkpoint = SafetensorsCheckpoint::open(path);
   if (!checkpoint) return checkpoint.error();
   SafetensorsSource source(std::move(checkpoint).value());
-  return from_source(path, std::move(config).value(), std::move(tokenizer).value(), source, options.lock);
+  return from_source(path, std::move(config).value(), std::move(tokenizer).value(), source, options);
 }
 
 }  // namespace colibri

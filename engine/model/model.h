@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -63,6 +64,12 @@ struct LoadOptions {
     memory = paged ? WeightsMemory::Map : requested;
     copy_dense = paged;
   }
+  // Checkpoints converted to f32 at load (Hugging Face, GGUF): the memory the
+  // caller will need beside their weights, from the model's config (a
+  // server's KV caches). The load is refused before anything is converted
+  // when both do not fit, instead of after a conversion that can take
+  // minutes. Unset: only the weights must fit.
+  std::function<std::uint64_t(const ModelConfig&)> converted_reserve;
   // mlock the weights (a .colibri file's bytes, or a checkpoint's weights
   // converted at load). A refusal does not fail the load:
   // Model::weights_lock_error() says why and how to allow it.
@@ -80,10 +87,12 @@ class Model {
                                                    const LoadOptions& options = {});
   ~Model();
   // Binds weights from any source (safetensors, GGUF, ...) as f32. `path` is
-  // what the model is called in messages and listings.
+  // what the model is called in messages and listings. Of `options`, lock
+  // and converted_reserve apply.
   static Result<std::shared_ptr<const Model>> from_source(const std::filesystem::path& path,
                                                           ModelConfig config, Tokenizer tokenizer,
-                                                          const TensorSource& source, bool lock = false);
+                                                          const TensorSource& source,
+                                                          const LoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }

@@ -6,7 +6,8 @@
 # and colibri-server refuses to start. The checkpoint here is the Qwen3-MoE
 # fixture with hidden 2^20 and vocabulary 65536 (about 140 G weights, 550 GB as
 # f32), written as a sparse file: only its header and a few bytes are real, and
-# nothing reads the rest. The same for a .colibri file copied into memory.
+# nothing reads the rest. The same for a .colibri file copied into memory, and
+# for a small checkpoint whose KV caches would not fit beside it.
 set -euo pipefail
 build_dir=$1
 data_dir=$2
@@ -70,6 +71,19 @@ set -e
 [[ $status -eq 1 ]] || fail "colibri-server exited $status, not 1: $(tail -c 400 "$work/server.err")"
 grep -q "not enough memory to convert this checkpoint at load" "$work/server.err" ||
   fail "colibri-server's error does not say why: $(tail -c 400 "$work/server.err")"
+# A checkpoint whose weights fit but whose KV caches (max_sessions x
+# context_length, about 1 TB here) do not is refused before the conversion,
+# not after it: the message says nothing was converted.
+set +e
+timeout 60 "$build_dir/server/colibri-server" --model "$fixture" --port 0 --grpc-port -1 --max-sessions 1024 \
+  --context-length 1048576 > "$work/kv.out" 2> "$work/kv.err"
+status=$?
+set -e
+[[ $status -eq 1 ]] || fail "colibri-server with 1 TB of KV caches exited $status, not 1: $(tail -c 400 "$work/kv.err")"
+grep -q "nothing was converted" "$work/kv.err" ||
+  fail "the KV caches were not checked before the conversion: $(tail -c 400 "$work/kv.err")"
+grep -q "lower max_sessions or context_length" <(tr 'A-Z' 'a-z' < "$work/kv.err") ||
+  fail "the error does not give the way out: $(tail -c 400 "$work/kv.err")"
 # The same for a .colibri file copied into memory (--weights copy,
 # model_memory copy): a file as large as the machine's RAM (sparse here) is
 # refused before the copy is allocated. The address-space limit turns a
