@@ -122,10 +122,10 @@ ReadTestBuffer::ReadTestBuffer(std::int32_t threads, std::size_t buffer_bytes) :
 ReadTestBuffer::ReadTestBuffer(ReadTestBuffer&&) noexcept = default;
 ReadTestBuffer::~ReadTestBuffer() = default;
 
-bool ReadTestBuffer::empty() const { return !state_->arena; }
+bool ReadTestBuffer::empty() const { return !state_ || !state_->arena; }
 
 std::size_t ReadTestBuffer::resident_bytes() const {
-  if (!state_->arena) return 0;
+  if (empty()) return 0;
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t bytes = state_->arena->capacity();
   std::vector<unsigned char> resident((bytes + page - 1) / page);
@@ -136,6 +136,7 @@ std::size_t ReadTestBuffer::resident_bytes() const {
 }
 
 ReadBandwidth ReadTestBuffer::measure(std::span<const std::int32_t> cores, std::int32_t passes) {
+  if (!state_) return {};
   const std::int32_t threads = state_->threads;
   const std::size_t slice = state_->slice;
   passes = std::max<std::int32_t>(1, passes);
