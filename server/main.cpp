@@ -37,14 +37,6 @@ std::string host_port(const std::string& host, int port) {
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
 }
 
-// What moves while the model loads: CPU time (reading, checksumming,
-// repacking) and resident memory (the copy filling). Both still: stalled.
-std::uint64_t load_progress() {
-  const auto figures = read_process_figures();
-  if (!figures) return 0;
-  return static_cast<std::uint64_t>(figures->cpu_seconds * 100.0) * 1000003u + figures->resident_bytes;
-}
-
 // SIGTERM or SIGINT while the first model loads ends the process at once:
 // nothing is served yet, so there is nothing to drain, and the load itself
 // cannot be interrupted (systemd would otherwise wait for the whole load and

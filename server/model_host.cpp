@@ -8,9 +8,11 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "logging.h"
+#include "process_metrics.h"
 
 namespace colibri::server {
 
@@ -279,8 +281,16 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   // tried, not the file's state after the failure: a file replaced during
   // the load (a truncated model swapped for a good one) must still be tried.
   const FileStamp before = FileStamp::of(config.model);
-  test_load_delay();
-  auto loaded = load_generation(config, true, metrics_);
+  auto loaded = [&] {
+    // With Type=notify-reload, systemd bounds a reload by TimeoutStartSec=
+    // (90 s by default): extended while the load moves, as at start.
+    std::optional<TimeoutExtender> extender;
+    if (notifier_.enabled())
+      extender.emplace([this](std::string_view state) { return notifier_.notify(state); }, load_progress,
+                       std::chrono::seconds(5), "reloading " + config.model);
+    test_load_delay();
+    return load_generation(config, true, metrics_);
+  }();
   if (!loaded) {
     const std::string& message = loaded.error().message;
     const bool memory = message.find("not enough memory") != std::string::npos;

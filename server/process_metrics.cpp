@@ -98,6 +98,12 @@ std::optional<ProcessFigures> parse_proc_stat(std::string_view stat, double cloc
   return figures;
 }
 
+std::uint64_t load_progress() {
+  const auto figures = read_process_figures();
+  if (!figures) return 0;
+  return static_cast<std::uint64_t>(figures->cpu_seconds * 100.0) * 1000003u + figures->resident_bytes;
+}
+
 std::optional<ProcessFigures> read_process_figures() {
   const std::string stat = read_text("/proc/self/stat");
   const long ticks = sysconf(_SC_CLK_TCK);

@@ -37,6 +37,11 @@ std::optional<ProcessFigures> parse_proc_stat(std::string_view stat, double cloc
 // renderer then writes nothing rather than zeros).
 std::optional<ProcessFigures> read_process_figures();
 
+// A number that changes while a model loads: CPU time (reading,
+// checksumming, repacking) and resident memory (a copy filling) folded
+// together. The same twice: the load has stalled (TimeoutExtender).
+std::uint64_t load_progress();
+
 // Appends the figures in the text exposition format.
 void render_process_metrics(const ProcessFigures& figures, std::string& out);
 
