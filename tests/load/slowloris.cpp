@@ -28,7 +28,10 @@ constexpr char kPrefix[] = "POST /v1/completions HTTP/1.1\r\nHost: loadgen\r\nX-
 
 struct Connection {
   int fd = -1;
-  Clock::time_point opened, next_send;
+  Clock::time_point opened;
+  // When its next header byte is due; with no connection (fd < 0), when to
+  // try connecting again.
+  Clock::time_point next_send;
   bool answered_408 = false;
 };
 
@@ -69,8 +72,11 @@ void Slowloris::run() {
   // Connecting blocks for at most a second (SO_SNDTIMEO bounds connect on
   // Linux): a server whose accept queue is full shows up as failures, not as
   // a stalled attacker.
+  // A refused connection is tried again after kRetry, not in a tight loop.
+  constexpr auto kRetry = std::chrono::milliseconds(100);
   auto open = [&](Connection& c, Clock::time_point first_send) {
     c = Connection{};
+    c.next_send = Clock::now() + kRetry;
     const int fd = socket(resolved->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       ++connect_failures;
@@ -110,7 +116,7 @@ void Slowloris::run() {
     const auto now = Clock::now();
     for (Connection& c : all) {
       if (c.fd < 0) {
-        open(c, now + interval);
+        if (now >= c.next_send) open(c, now + interval);
         continue;
       }
       if (now < c.next_send) continue;
