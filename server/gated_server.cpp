@@ -34,6 +34,12 @@ using Clock = ConnectionGate::Clock;
 constexpr std::size_t kHeaderPeekBytes = 32 * 1024;
 // More waiting connections than this, and new ones are closed at once.
 constexpr std::size_t kMaxWaiting = 4096;
+// Past this many, the longest-waiting are closed early, down to kShedTo.
+// Slow or silent connections held open by the thousand would otherwise fill
+// the set and keep every new client out for as long as they are renewed; a
+// client that sends its request at once is never the longest waiting.
+constexpr std::size_t kShedAbove = kMaxWaiting * 3 / 4;
+constexpr std::size_t kShedTo = kMaxWaiting / 2;
 constexpr int kKeepAliveMaxRequests = 100;
 constexpr int kGateTickMs = 100;  // deadline granularity
 // Memory for large bodies the gate reads for all connections together; past
@@ -460,31 +466,51 @@ void ConnectionGate::check(int fd, std::uint32_t events) {
 }
 
 void ConnectionGate::expire(Clock::time_point now) {
-  std::vector<std::pair<int, bool>> expired;  // fd, timed out mid-request
+  struct Ending {
+    int fd;
+    bool started, shed;
+  };
+  std::vector<Ending> ending;
   {
     std::lock_guard lock(mutex_);
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       const Waiting& w = it->second;
       if (w.started ? now >= w.request_deadline : now >= w.idle_deadline) {
-        expired.emplace_back(it->first, w.started);
+        ending.push_back({it->first, w.started, false});
         end_consuming(w);
         it = waiting_.erase(it);
       } else {
         ++it;
       }
     }
+    if (waiting_.size() > kShedAbove) {
+      std::vector<std::pair<Clock::time_point, int>> oldest;
+      oldest.reserve(waiting_.size());
+      for (const auto& [fd, w] : waiting_) oldest.emplace_back(w.since, fd);
+      const std::size_t shed = waiting_.size() - kShedTo;
+      std::nth_element(oldest.begin(), oldest.begin() + static_cast<std::ptrdiff_t>(shed), oldest.end());
+      for (std::size_t i = 0; i < shed; ++i) {
+        const auto it = waiting_.find(oldest[i].second);
+        ending.push_back({it->first, it->second.started, true});
+        end_consuming(it->second);
+        waiting_.erase(it);
+      }
+    }
     count_waiting();
   }
-  for (const auto& [fd, started] : expired) {
-    epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
-    close_waiting(fd, started);
+  for (const Ending& e : ending) {
+    epoll_ctl(epoll_, EPOLL_CTL_DEL, e.fd, nullptr);
+    close_waiting(e.fd, e.started, e.shed);
   }
 }
 
-void ConnectionGate::close_waiting(int fd, bool timed_out) {
-  (timed_out ? counts_->request_timeout : counts_->idle).fetch_add(1, std::memory_order_relaxed);
-  if (!timed_out) return close_connection(fd);
-  refuse(fd, 408, "Request Timeout", "the request did not arrive within read_timeout_s", "request_timeout");
+void ConnectionGate::close_waiting(int fd, bool started, bool shed) {
+  (shed ? counts_->shed : started ? counts_->request_timeout : counts_->idle).fetch_add(1, std::memory_order_relaxed);
+  if (!started) return close_connection(fd);
+  refuse(fd, 408, "Request Timeout",
+         shed ? "the request did not arrive in time while the server was flooded with waiting connections"
+              : "the request did not arrive within read_timeout_s",
+         "request_timeout");
 }
 
 // ---- GatedServer ------------------------------------------------------------------------

@@ -50,6 +50,7 @@ class ConnectionGate {
     std::atomic<std::uint64_t> headers_too_large{0};  // 431
     std::atomic<std::uint64_t> length_required{0};    // 411: a body of no declared length
     std::atomic<std::uint64_t> too_many_waiting{0};   // closed at once: kMaxWaiting reached
+    std::atomic<std::uint64_t> shed{0};  // closed early, the longest-waiting first, while the set was 3/4 full
   };
 
   explicit ConnectionGate(Ready ready);
@@ -97,6 +98,7 @@ class ConnectionGate {
     std::size_t body_limit;
     Clock::time_point request_deadline;  // set at the first byte
     bool started = false;
+    Clock::time_point since = Clock::now();  // when it began to wait: who is shed first
     // Nonzero while the gate reads a large body: the request's whole size,
     // `consumed` sized to it, `filled` bytes read so far.
     std::size_t request_bytes = 0;
@@ -123,8 +125,12 @@ class ConnectionGate {
   // the memory for it fits kMaxConsumedBytes; false: a worker must read it.
   bool begin_consuming(Waiting& w, std::size_t request_bytes);
   void end_consuming(const Waiting& w);  // under mutex_
+  // Closes what waited past its deadline, then sheds the longest-waiting
+  // connections while the set is more than three quarters full.
   void expire(Clock::time_point now);
-  void close_waiting(int fd, bool timed_out);
+  // A started request gets 408; a connection that sent nothing is closed.
+  // Counted as `shed` when closed early, else as a timeout or idle.
+  void close_waiting(int fd, bool started, bool shed);
   void count_waiting();  // under mutex_: counts_->waiting = waiting_.size()
 
   Ready ready_;

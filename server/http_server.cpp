@@ -289,14 +289,16 @@ void HttpServer::install() {
                       "HTTP connections closed before a request reached a route, by reason: request_timeout "
                       "(408, the request not whole within read_timeout_s), idle (nothing sent in time), "
                       "headers_too_large (431), length_required (411, a POST without Content-Length), "
-                      "too_many_waiting.",
+                      "too_many_waiting (4096 were waiting), shed (closed early, the longest-waiting first, while "
+                      "more than 3072 waited).",
                       "counter");
     const std::pair<const char*, const std::atomic<std::uint64_t>*> reasons[] = {
         {"request_timeout", &gate->request_timeout},
         {"idle", &gate->idle},
         {"headers_too_large", &gate->headers_too_large},
         {"length_required", &gate->length_required},
-        {"too_many_waiting", &gate->too_many_waiting}};
+        {"too_many_waiting", &gate->too_many_waiting},
+        {"shed", &gate->shed}};
     for (const auto& [reason, count] : reasons)
       out += fmt::format("colibri_http_connections_refused_total{{reason=\"{}\"}} {}\n", reason,
                          count->load(std::memory_order_relaxed));

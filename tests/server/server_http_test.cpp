@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -1148,6 +1149,64 @@ TEST(HttpListenTest, AClientClosedMidRequestIsLetGoAtOnce) {
   const std::string answer = read_until_closed(whole, 5000);
   EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
   close(whole);
+}
+
+// RELIABILITY.md 1G, row 83, connection limits: slow connections held open
+// by the thousand would fill the gate's waiting set (4096) and keep every new
+// client out for as long as they were renewed. Past three quarters full the
+// gate closes the longest-waiting early, down to half: the oldest slow
+// clients get their 408, the newest wait on, and a new client is answered.
+TEST(HttpListenTest, AFloodOfWaitingConnectionsIsShedOldestFirst) {
+  constexpr rlim_t kDescriptors = 8192;
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_cur < kDescriptors) {
+    rlimit raised = limit;
+    raised.rlim_cur = std::min<rlim_t>(limit.rlim_max, kDescriptors);
+    setrlimit(RLIMIT_NOFILE, &raised);  // the server, started below, inherits it
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  if (limit.rlim_cur < kDescriptors)
+    GTEST_SKIP() << "needs " << kDescriptors << " descriptors; the hard limit is " << limit.rlim_max;
+  std::string error;
+  // read_timeout_s 60: nothing here times out; every close is a shed.
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--read-timeout-s", "60"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  constexpr int kFlood = 3400;
+  const std::string start = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int fd = connect_loopback(server->port());
+    ASSERT_GE(fd, 0) << "connection " << i;
+    flood.push_back(fd);
+    ASSERT_EQ(send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  }
+  const std::string shed_metric = "colibri_http_connections_refused_total{reason=\"shed\"}";
+  // Shed once the set passed 3072, down to 2048: at least 1025 (counted one
+  // by one as they are closed, so a scrape can land in between).
+  constexpr double kLeastShed = 3073 - 2048;
+  double shed = 0;
+  for (int wait = 0; wait < 100 && shed < kLeastShed; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    shed = metric_value(http_get(server->port(), "/metrics").body, shed_metric);
+  }
+  EXPECT_GE(shed, kLeastShed);
+  const std::string metrics = http_get(server->port(), "/metrics").body;
+  EXPECT_LE(metric_value(metrics, "colibri_http_connections_waiting"), 3072);
+  EXPECT_EQ(metric_value(metrics, "colibri_http_connections_refused_total{reason=\"request_timeout\"}"), 0);
+  EXPECT_EQ(metric_value(metrics, "colibri_http_connections_refused_total{reason=\"too_many_waiting\"}"), 0);
+  const auto asked = std::chrono::steady_clock::now();
+  auto client = make_client(server->port(), 5);
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health) << "no answer beside " << kFlood << " waiting connections";
+  EXPECT_EQ(health->status, 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count(), 1.0);
+  // The oldest was shed with a 408; the newest still waits (nothing to read).
+  const std::string oldest = read_until_closed(flood.front(), 3000);
+  EXPECT_EQ(oldest.rfind("HTTP/1.1 408", 0), 0u) << oldest;
+  pollfd newest{flood.back(), POLLIN, 0};
+  EXPECT_EQ(poll(&newest, 1, 200), 0) << "the newest connection was closed or answered";
+  for (const int fd : flood) close(fd);
 }
 
 // RELIABILITY.md 1G, row 83, for bodies: a body trickled in waits on the gate
