@@ -633,9 +633,10 @@ int main(int argc, char** argv) {
                  "Each round runs again with this many slowloris connections held open: each sends a request line, "
                  "then one header byte every --slowloris-interval-ms, and is reopened when the server closes it. "
                  "The report's \"slowloris\" part pools those runs and gives, per figure, the median over rounds "
-                 "of its ratio to the same round without them (RELIABILITY.md row 83: generation P99 unaffected)")
+                 "of its ratio to the same round without them (RELIABILITY.md row 83: generation P99 unaffected). "
+                 "Each takes a descriptor here and one in the server: raise `ulimit -n` for thousands")
       ->capture_default_str()
-      ->check(CLI::Range(0, 4000));
+      ->check(CLI::Range(0, 16000));
   app.add_option("--slowloris-interval-ms", options.slowloris_interval_ms,
                  "Milliseconds between two header bytes of a slowloris connection")
       ->capture_default_str()
