@@ -140,11 +140,12 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   load.lock = config.lock_memory;
   // The config's choices are the parser's names.
   load.set_weights_memory(*weights_memory_from_name(config.model_memory), config.expert_cache_mb > 0);
-  // A converted checkpoint's weights are f32, so an auto KV cache is f32 too
-  // (resolve_kv_cache_type); checked before a conversion that can take minutes.
-  load.converted_reserve = [&config](const ModelConfig& c) {
-    const KvCacheType requested = kv_cache_type_from_name(config.kv_cache).value_or(KvCacheType::Auto);
-    return static_cast<std::uint64_t>(kv_memory(config, c, requested == KvCacheType::Auto ? KvCacheType::F32 : requested));
+  // The config's choices are the type names; auto resolves per model (f16 for int8/int4 weights).
+  const KvCacheType requested_kv = kv_cache_type_from_name(config.kv_cache).value_or(KvCacheType::Auto);
+  // Checked before a conversion that can take minutes; a converted
+  // checkpoint's weight scheme is f32.
+  load.converted_reserve = [&config, requested_kv](const ModelConfig& c) {
+    return static_cast<std::uint64_t>(kv_memory(config, c, resolve_kv_cache_type(requested_kv, "f32")));
   };
   std::shared_ptr<const Model> model;
   auto load_model = [&]() -> Status {
@@ -176,9 +177,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   // keeps its own until its last request ends. A copy made by `auto` gives way
   // to a mapping when the two do not fit together.
   const ModelConfig& c = model->config();
-  // The config's choices are the type names; auto resolves per model (f16 for int8/int4 weights).
-  const KvCacheType kv_type = resolve_kv_cache_type(
-      kv_cache_type_from_name(config.kv_cache).value_or(KvCacheType::Auto), *model);
+  const KvCacheType kv_type = resolve_kv_cache_type(requested_kv, *model);
   // An expert store's slots are allocated when it opens, below.
   const double kv = kv_memory(config, c, kv_type);
   const double needed = kv + static_cast<double>(config.expert_cache_mb) * 1048576.0;

@@ -18,9 +18,12 @@ std::optional<KvCacheType> kv_cache_type_from_name(std::string_view name) {
 }
 
 KvCacheType resolve_kv_cache_type(KvCacheType requested, const Model& model) {
+  return resolve_kv_cache_type(requested, model.weight_scheme());
+}
+
+KvCacheType resolve_kv_cache_type(KvCacheType requested, std::string_view scheme) {
   if (requested != KvCacheType::Auto) return requested;
   // The .colibri quantization schemes with integer weights (format/colibri_writer.cpp).
-  const std::string& scheme = model.weight_scheme();
   return scheme == "int8" || scheme == "int4" || scheme == "int4-all" ? KvCacheType::F16 : KvCacheType::F32;
 }
 

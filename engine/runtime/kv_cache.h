@@ -30,6 +30,10 @@ std::optional<KvCacheType> kv_cache_type_from_name(std::string_view name);
 // logits are checked against reference logits to 1e-3 and keep f32 precision.
 // Never returns Auto.
 KvCacheType resolve_kv_cache_type(KvCacheType requested, const Model& model);
+// The same rule by the weights' scheme (Model::weight_scheme: "int8", "int4",
+// "int4-all" from .colibri files; "f32" for checkpoints converted at load), for
+// a caller that must decide before the model is loaded.
+KvCacheType resolve_kv_cache_type(KvCacheType requested, std::string_view weight_scheme);
 
 // Bytes per cached element of a resolved type (Auto counts as f32, the larger).
 std::size_t kv_cache_element_bytes(KvCacheType type);
