@@ -9,7 +9,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <optional>
 #include <thread>
 
 #include "config.h"
@@ -18,7 +17,6 @@
 #include "logging.h"
 #include "metrics.h"
 #include "model_host.h"
-#include "process_metrics.h"
 #include "sd_notify.h"
 #include "service.h"
 #include "sigbus_guard.h"
@@ -151,10 +149,7 @@ int main(int argc, char** argv) {
   Status loaded;
   {
     StopDuringFirstLoad stop_guard(notifier);
-    std::optional<TimeoutExtender> extender;
-    if (notifier.enabled())
-      extender.emplace([&notifier](std::string_view state) { return notifier.notify(state); }, load_progress,
-                       std::chrono::seconds(5), "loading " + first.model);
+    const auto extender = extend_timeout_while_loading(notifier, "loading " + first.model);
     loaded = host.load_initial();
   }
   if (!loaded.ok()) return fail_start("cannot load the model: " + loaded.error().message);

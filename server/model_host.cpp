@@ -8,11 +8,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
-#include <optional>
 #include <thread>
 
 #include "logging.h"
-#include "process_metrics.h"
 
 namespace colibri::server {
 
@@ -284,10 +282,7 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   auto loaded = [&] {
     // With Type=notify-reload, systemd bounds a reload by TimeoutStartSec=
     // (90 s by default): extended while the load moves, as at start.
-    std::optional<TimeoutExtender> extender;
-    if (notifier_.enabled())
-      extender.emplace([this](std::string_view state) { return notifier_.notify(state); }, load_progress,
-                       std::chrono::seconds(5), "reloading " + config.model);
+    const auto extender = extend_timeout_while_loading(notifier_, "reloading " + config.model);
     test_load_delay();
     return load_generation(config, true, metrics_);
   }();

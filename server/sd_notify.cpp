@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "process_metrics.h"
+
 namespace colibri::server {
 
 SystemdNotifier::SystemdNotifier() {
@@ -84,6 +86,12 @@ void TimeoutExtender::run() {
     const auto elapsed = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start);
     send_(fmt::format("{}\nSTATUS={} ({} s)", extend_timeout(3 * interval_), status_, elapsed.count()));
   }
+}
+
+std::unique_ptr<TimeoutExtender> extend_timeout_while_loading(const SystemdNotifier& notifier, std::string status) {
+  if (!notifier.enabled()) return nullptr;
+  return std::make_unique<TimeoutExtender>([&notifier](std::string_view state) { return notifier.notify(state); },
+                                           load_progress, std::chrono::seconds(5), std::move(status));
 }
 
 }  // namespace colibri::server

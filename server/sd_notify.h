@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -70,6 +71,11 @@ class TimeoutExtender {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+// For a model load (the first, or a reload): an extender that reads
+// load_progress every 5 s and reports to `notifier` under `status`; null when
+// no service manager listens. `notifier` must outlive it.
+std::unique_ptr<TimeoutExtender> extend_timeout_while_loading(const SystemdNotifier& notifier, std::string status);
 
 // "EXTEND_TIMEOUT_USEC=<usec>".
 std::string extend_timeout(std::chrono::microseconds extension);
