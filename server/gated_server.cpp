@@ -346,10 +346,7 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
   event.data.fd = fd;
   if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
     std::lock_guard lock(mutex_);
-    if (const auto it = waiting_.find(fd); it != waiting_.end()) {
-      end_consuming(it->second);
-      waiting_.erase(it);
-    }
+    if (const auto it = waiting_.find(fd); it != waiting_.end()) take(it);
     count_waiting();
     close_connection(fd);
   }
@@ -364,7 +361,12 @@ bool ConnectionGate::begin_consuming(Waiting& w, std::size_t request_bytes) {
   return true;
 }
 
-void ConnectionGate::end_consuming(const Waiting& w) { consumed_bytes_ -= w.request_bytes; }
+ConnectionGate::Waiting ConnectionGate::take(std::unordered_map<int, Waiting>::iterator it) {
+  Waiting w = std::move(it->second);
+  waiting_.erase(it);
+  consumed_bytes_ -= w.request_bytes;
+  return w;
+}
 
 ConnectionGate::Fill ConnectionGate::fill(int fd, Waiting& w) {
   while (w.filled < w.request_bytes) {
@@ -415,9 +417,7 @@ void ConnectionGate::check(int fd, std::uint32_t events) {
     if (reading_body) {
       body = fill(fd, it->second);
       if (body == Fill::More) return;
-      w = std::move(it->second);
-      end_consuming(w);
-      waiting_.erase(it);
+      w = take(it);
       count_waiting();
     } else {
       w = it->second;
@@ -458,7 +458,7 @@ void ConnectionGate::check(int fd, std::uint32_t events) {
   epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
   {
     std::lock_guard lock(mutex_);
-    waiting_.erase(fd);
+    if (const auto it = waiting_.find(fd); it != waiting_.end()) take(it);
     count_waiting();
   }
   if (turn_away(fd, peek.state)) return;
@@ -473,28 +473,18 @@ void ConnectionGate::expire(Clock::time_point now) {
   std::vector<Ending> ending;
   {
     std::lock_guard lock(mutex_);
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      const Waiting& w = it->second;
-      if (w.started ? now >= w.request_deadline : now >= w.idle_deadline) {
-        ending.push_back({it->first, w.started, false});
-        end_consuming(w);
-        it = waiting_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    std::vector<int> late;
+    for (const auto& [fd, w] : waiting_)
+      if (w.started ? now >= w.request_deadline : now >= w.idle_deadline) late.push_back(fd);
+    for (const int fd : late) ending.push_back({fd, take(waiting_.find(fd)).started, false});
     if (waiting_.size() > kShedAbove) {
       std::vector<std::pair<Clock::time_point, int>> oldest;
       oldest.reserve(waiting_.size());
       for (const auto& [fd, w] : waiting_) oldest.emplace_back(w.since, fd);
       const std::size_t shed = waiting_.size() - kShedTo;
       std::nth_element(oldest.begin(), oldest.begin() + static_cast<std::ptrdiff_t>(shed), oldest.end());
-      for (std::size_t i = 0; i < shed; ++i) {
-        const auto it = waiting_.find(oldest[i].second);
-        ending.push_back({it->first, it->second.started, true});
-        end_consuming(it->second);
-        waiting_.erase(it);
-      }
+      for (std::size_t i = 0; i < shed; ++i)
+        ending.push_back({oldest[i].second, take(waiting_.find(oldest[i].second)).started, true});
     }
     count_waiting();
   }

@@ -124,7 +124,9 @@ class ConnectionGate {
   // Starts reading a request of `request_bytes` into w (under mutex_), if
   // the memory for it fits kMaxConsumedBytes; false: a worker must read it.
   bool begin_consuming(Waiting& w, std::size_t request_bytes);
-  void end_consuming(const Waiting& w);  // under mutex_
+  // Removes a waiting connection (under mutex_) and gives back the memory of
+  // the body it was reading, if any; returns what it held.
+  Waiting take(std::unordered_map<int, Waiting>::iterator it);
   // Closes what waited past its deadline, then sheds the longest-waiting
   // connections while the set is more than three quarters full.
   void expire(Clock::time_point now);
