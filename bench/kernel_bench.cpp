@@ -413,6 +413,50 @@ void BM_Matmat(benchmark::State& state, Variant variant, const MatmatShape* shap
   kernels::force_isa(previous);
 }
 
+// matmat of n vectors with one matrix after another from the pool of copies:
+// a prefill pass reads each active expert's weights from DRAM once for the
+// few tokens routed to it (about 16 of a 128-token OLMoE prompt), which the
+// cache-resident matmat/ rows above never pay. One thread, GMAC/s per CPU
+// second; compare with matmat/ at the same n for the DRAM penalty.
+void BM_MatmatCold(benchmark::State& state, Variant variant, const Shape* shape, Isa isa, std::int32_t n) {
+  const Isa previous = kernels::active_isa();
+  if (!kernels::force_isa(isa)) {
+    state.SkipWithError("path not supported here");
+    return;
+  }
+  Pool& pool = pool_for(variant.format, *shape);
+  const std::int32_t group = pool.views[0].group;
+  std::vector<std::vector<float>> xs(static_cast<std::size_t>(n)), ys(static_cast<std::size_t>(n));
+  std::vector<kernels::ActivationQ8> xqs(static_cast<std::size_t>(n));
+  std::vector<const float*> x_ptrs;
+  std::vector<const kernels::ActivationQ8*> xq_ptrs;
+  std::vector<float*> y_ptrs;
+  for (std::int32_t v = 0; v < n; ++v) {
+    auto& x = xs[static_cast<std::size_t>(v)];
+    x.resize(static_cast<std::size_t>(shape->cols));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919 + 31 * v) % 1000) / 500.0f - 1.0f;
+    kernels::quantize_activation(x.data(), shape->cols, group, xqs[static_cast<std::size_t>(v)], variant.residual);
+    ys[static_cast<std::size_t>(v)].resize(static_cast<std::size_t>(shape->rows));
+    x_ptrs.push_back(x.data());
+    xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
+    y_ptrs.push_back(ys[static_cast<std::size_t>(v)].data());
+  }
+  std::size_t next = 0;
+  for (auto _ : state) {
+    const Matrix& m = pool.views[next++ % pool.views.size()];
+    kernels::matmat(m, n, x_ptrs.data(), xq_ptrs.data(), y_ptrs.data(), 0, m.rows);
+    benchmark::ClobberMemory();
+  }
+  const double macs = static_cast<double>(state.iterations()) * shape->rows * static_cast<double>(shape->cols) * n;
+  state.counters["GMACps"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GBps"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(pool.matrix_bytes) / 1e9,
+                         benchmark::Counter::kIsRate);
+  if (const double peak = vnni_peak_macs(); peak > 0.0)
+    state.counters["of_vnni_peak"] = benchmark::Counter(macs / peak, benchmark::Counter::kIsRate);
+  kernels::force_isa(previous);
+}
+
 void BM_QuantizeActivation(benchmark::State& state, bool residual) {
   std::vector<float> x(2048);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
@@ -459,6 +503,17 @@ void register_benchmarks() {
                 ->MinTime(0.2)
                 ->Unit(benchmark::kMicrosecond);
           }
+        const bool expert_shape = !shape.hot && shape.rows * static_cast<std::int64_t>(shape.cols) <= (4 << 20);
+        if (variant.int8_activations && (format == WeightFormat::Q8R16 || format == WeightFormat::Q4R16) &&
+            expert_shape)
+          for (Isa isa : kernels::supported_isas())
+            for (std::int32_t n : {8, 16, 32, 64}) {
+              const std::string name = std::string("matmat_cold/") + variant.name + "/" + shape.name + "/" +
+                                       std::string(kernels::isa_name(isa)) + "/n:" + std::to_string(n);
+              benchmark::RegisterBenchmark(name.c_str(), BM_MatmatCold, variant, &shape, isa, n)
+                  ->MinTime(0.2)
+                  ->Unit(benchmark::kMicrosecond);
+            }
       }
 }
 
