@@ -249,6 +249,8 @@ int main(int argc, char** argv) {
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(o.prompt));
   for (std::int32_t i = 0; i < o.prompt; ++i) prompt[static_cast<std::size_t>(i)] = token_at(i, vocab);
   colibri::Session session(model, context, team.get());
+  // The same arithmetic both ways, so the ratio is the batching's alone.
+  session.set_prefill_activation_modes(std::nullopt);
   std::vector<double> prefill, prefill_cpu, stepwise;
   for (std::int32_t r = 0; r < o.repeat; ++r) {
     session.reset();

@@ -84,15 +84,17 @@ const std::array kOptions = {
                "on an OLMoE-1B-7B shape).",
                Reload::Hot},
     OptionSpec{"prefill_activations", &C::prefill_activations, 0, 0, "same|int8-ffn",
-               "How prompt tokens are multiplied. same: as generated tokens (int8 activations with a "
-               "residual plane), so a prompt gives exactly colibri-run's results. int8-ffn: one int8 plane "
-               "for the FFN gate and up products of prompt tokens (half of an MoE token's arithmetic at "
-               "twice the rate): faster prefill and time to first token, at a measured fidelity cost "
-               "within the int8 bounds (docs/KERNELS.md, 'Prefill modes').",
+               "How prompt tokens are multiplied (8-bit weights). int8-ffn: one int8 plane for the FFN "
+               "gate and up products of prompt tokens (half of an MoE token's arithmetic at twice the "
+               "rate; a prompt is bound by arithmetic, a generated token by memory), two planes for the "
+               "rest: faster prefill and time to first token, at a measured fidelity cost within the int8 "
+               "bounds (docs/KERNELS.md, 'Prefill modes'); what colibri-run and the C API do by default. "
+               "same: as generated tokens (int8 activations with a residual plane), so a prompt's logits "
+               "are bit-identical to decoding it token by token (colibri-run --prefill-activations same).",
                Reload::Hot},
     OptionSpec{"decode_activations", &C::decode_activations, 0, 0, "same|int8-ffn",
-               "How generated tokens are multiplied. same: int8 activations with a residual plane, exactly "
-               "colibri-run's results. int8-ffn: one int8 plane for the FFN gate and up products, as "
+               "How generated tokens are multiplied. same: int8 activations with a residual plane, as "
+               "colibri-run's. int8-ffn: one int8 plane for the FFN gate and up products, as "
                "prefill_activations int8-ffn: more tokens per second when many sessions decode together "
                "(their steps are arithmetic-bound; a single stream is bandwidth-bound and gains little), "
                "at the same measured fidelity cost within the int8 bounds, and outputs no longer equal "

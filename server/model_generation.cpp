@@ -218,7 +218,8 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   generation->kv_cache_bytes = static_cast<std::uint64_t>(kv);
   options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
   options.prefill_chunk_idle = static_cast<std::int32_t>(config.prefill_chunk_idle);
-  if (config.prefill_activations == "int8-ffn") options.prefill_modes = kPrefillInt8Ffn;
+  options.prefill_modes =
+      config.prefill_activations == "int8-ffn" ? std::optional<ActivationModes>(kPrefillInt8Ffn) : std::nullopt;
   if (config.decode_activations == "int8-ffn") options.decode_modes = kPrefillInt8Ffn;
   options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
   options.queue_timeout_ms = config.queue_timeout_ms;

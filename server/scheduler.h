@@ -49,9 +49,9 @@ struct SchedulerOptions {
   // prefill_chunk: prefill_chunk. See prompt_tokens_per_step.
   std::int32_t prefill_chunk_idle = 256;
   // Activation modes of a request's prompt tokens (its last one's logits
-  // included), as Session::set_prefill_activation_modes; its generated tokens
-  // use the default modes. Null: the default modes throughout.
-  std::optional<ActivationModes> prefill_modes;
+  // included), as Session::set_prefill_activation_modes, whose default this
+  // is; its generated tokens use decode_modes. Null: decode_modes throughout.
+  std::optional<ActivationModes> prefill_modes = kPrefillInt8Ffn;
   // Activation modes of generated tokens (decode_activations); the defaults
   // keep a request's tokens equal to colibri-run's.
   ActivationModes decode_modes{};

@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
   bool json = false, no_pin = false;
   std::string step_times_path;
   std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
-  std::string prefill_activations = "same";
+  std::string prefill_activations = "int8-ffn";
   app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
   app.add_option("-t,--threads", threads, "Threads in the team, the calling thread included")
       ->capture_default_str()
@@ -311,9 +311,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--prefill-activations", prefill_activations,
-                 "Activation modes of prefill: 'same' as decode (int8 + residual plane, bit-identical to "
-                 "decoding token by token) or 'int8-ffn' (one int8 plane for the FFN gate and up products, "
-                 "Session::set_prefill_activation_modes(kPrefillInt8Ffn))")
+                 "Activation modes of prefill: 'int8-ffn' (one int8 plane for the FFN gate and up products, "
+                 "Session's default kPrefillInt8Ffn) or 'same' as decode (int8 + residual plane, "
+                 "bit-identical to decoding token by token)")
       ->capture_default_str()
       ->check(CLI::IsMember({"same", "int8-ffn"}));
   app.add_flag("--json", json, "Print one JSON document instead of the table");
@@ -414,7 +414,7 @@ int main(int argc, char** argv) {
     decode_store.prefetch_wasted += b.prefetch_wasted - a.prefetch_wasted;
   };
   std::int64_t decode_steps_timed = 0;
-  if (prefill_activations == "int8-ffn") session.set_prefill_activation_modes(colibri::kPrefillInt8Ffn);
+  if (prefill_activations == "same") session.set_prefill_activation_modes(std::nullopt);
 
   RouterTimer router_timer;
   PhaseTimer phase_timer;

@@ -133,10 +133,12 @@ class Session {
   // Takes effect from the next decode.
   void set_activation_modes(const ActivationModes& modes) { modes_ = modes; }
   const ActivationModes& activation_modes() const { return modes_; }
-  // Activation modes for prefill() only (decode() keeps activation_modes()):
-  // e.g. kPrefillInt8Ffn trades a little fidelity (docs/KERNELS.md) for
-  // about twice the arithmetic rate of the prompt's gate and up products. Off by
-  // default, so prefill stays bit-identical to decoding token by token.
+  // Activation modes for prefill() only (decode() keeps activation_modes()).
+  // The default, kPrefillInt8Ffn, trades a little fidelity (within the int8
+  // bounds, docs/KERNELS.md) for about twice the arithmetic rate of the
+  // prompt's gate and up products: a prompt is bound by arithmetic, a
+  // generated token by memory. std::nullopt makes prefill bit-identical to
+  // decoding the prompt token by token.
   void set_prefill_activation_modes(std::optional<ActivationModes> modes) { prefill_modes_ = modes; }
   const std::optional<ActivationModes>& prefill_activation_modes() const { return prefill_modes_; }
   // Called from the thread that runs the forward pass, for each token.
@@ -159,7 +161,7 @@ class Session {
   std::int32_t position_ = 0;
   TensorHook hook_;
   ActivationModes modes_;
-  std::optional<ActivationModes> prefill_modes_;
+  std::optional<ActivationModes> prefill_modes_ = kPrefillInt8Ffn;
   std::shared_ptr<ModeRouter> router_;
   RoutingObserver routing_observer_;
 

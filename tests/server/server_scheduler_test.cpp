@@ -217,26 +217,43 @@ class SchedulerModesTest : public SchedulerTest {
 };
 
 TEST_F(SchedulerModesTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
-  // prefill_modes = kPrefillInt8Ffn: each request's prompt (and its last
-  // token's logits) in those modes, its generated tokens in the defaults,
-  // exactly as Session::set_prefill_activation_modes does, whatever the
-  // request is batched with (prompts split across steps, decoding sessions
-  // in the other modes in the same passes).
+  // prefill_modes = kPrefillInt8Ffn (the default): each request's prompt (and
+  // its last token's logits) in those modes, its generated tokens in the
+  // decode modes, exactly as Session::prefill does, whatever the request is
+  // batched with (prompts split across steps, decoding sessions in the other
+  // modes in the same passes).
   const auto model = int8_fixture("colibri-scheduler-int8");
   ASSERT_NE(model, nullptr);
   const auto prompts = mode_prompts(200, 7);
   const SamplingParams sampling = mode_sampling(1234);
   const auto got = scheduled(model, prompts, sampling, [](SchedulerOptions& o) { o.prefill_modes = kPrefillInt8Ffn; });
   ASSERT_EQ(got.size(), prompts.size());
-  bool any_differs_from_default = false;
+  bool any_differs_from_exact = false;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE(i);
     const auto expected =
         alone(model, prompts[i], sampling, [](Session& s) { s.set_prefill_activation_modes(kPrefillInt8Ffn); });
     EXPECT_EQ(got[i], expected);
-    any_differs_from_default = any_differs_from_default || expected != alone(model, prompts[i], sampling, [](Session&) {});
+    any_differs_from_exact =
+        any_differs_from_exact ||
+        expected != alone(model, prompts[i], sampling, [](Session& s) { s.set_prefill_activation_modes(std::nullopt); });
   }
-  EXPECT_TRUE(any_differs_from_default) << "the fixture no longer tells the modes apart: the check above proves less";
+  EXPECT_TRUE(any_differs_from_exact) << "the fixture no longer tells the modes apart: the check above proves less";
+}
+
+// prefill_modes null (prefill_activations same): every token of a request in
+// the decode modes, as a Session whose prefill is exact.
+TEST_F(SchedulerModesTest, NoPrefillModesGiveWhatAnExactSessionGives) {
+  const auto model = int8_fixture("colibri-scheduler-exact-int8");
+  ASSERT_NE(model, nullptr);
+  const auto prompts = mode_prompts(200, 7);
+  const SamplingParams sampling = mode_sampling(1234);
+  const auto got = scheduled(model, prompts, sampling, [](SchedulerOptions& o) { o.prefill_modes = std::nullopt; });
+  ASSERT_EQ(got.size(), prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[i], alone(model, prompts[i], sampling, [](Session& s) { s.set_prefill_activation_modes(std::nullopt); }));
+  }
 }
 
 TEST_F(SchedulerModesTest, DecodeModesGiveWhatASessionInThoseModesGives) {

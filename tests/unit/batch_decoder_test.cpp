@@ -19,6 +19,7 @@
 #include "format/colibri_writer.h"
 #include "model/model.h"
 #include "runtime/batch_decoder.h"
+#include "runtime/generator.h"
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "../format/colibri_test_util.h"
@@ -178,6 +179,7 @@ TEST_P(BatchDecoderKv, LogitsDoNotDependOnBatchingPrefillOrTeam) {
             Session session(model, 0, team, chunk, nullptr, kv);
             ASSERT_EQ(session.kv_cache_type(), kv);
             session.set_activation_modes(modes[p]);
+            session.set_prefill_activation_modes(std::nullopt);  // exact: prompt in the decode modes
             auto logits = session.prefill(prompt);
             ASSERT_TRUE(logits.ok()) << logits.error().message;
             EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), expected[p].back()) << "chunk " << chunk;
@@ -299,11 +301,12 @@ TEST_F(BatchDecoderTest, KvCacheTypeFollowsTheWeightsUnlessChosen) {
   EXPECT_LT(max_diff, 0.02f);
 }
 
-// Prefill activation modes (Session::set_prefill_activation_modes) apply to
-// prefill() only: its logits equal decoding the prompt token by token in
-// those modes, and decode() afterwards runs in the session's own modes again
-// (on a KV cache the prefill modes wrote). A prompt longer than the pass cap
-// is split into balanced passes with the same result.
+// Prefill activation modes (Session::set_prefill_activation_modes, by
+// default kPrefillInt8Ffn) apply to prefill() only: its logits equal decoding
+// the prompt token by token in those modes, and decode() afterwards runs in
+// the session's own modes again (on a KV cache the prefill modes wrote). A
+// prompt longer than the pass cap is split into balanced passes with the same
+// result.
 TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
   auto model = load("olmoe-tiny", "int8");
   ASSERT_NE(model, nullptr);
@@ -330,8 +333,7 @@ TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
   for (std::int32_t cap : {2, Session::kDefaultPrefillBatch}) {
     SCOPED_TRACE(testing::Message() << "pass cap " << cap);
     Session session(model, 0, &two, cap);
-    session.set_activation_modes(decode_modes);
-    session.set_prefill_activation_modes(kPrefillInt8Ffn);
+    session.set_activation_modes(decode_modes);  // the prefill modes are the default's
     auto logits = session.prefill(prompt);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
     EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), in_prefill_modes.back());
@@ -340,6 +342,43 @@ TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
     ASSERT_TRUE(next.ok());
     EXPECT_EQ(std::vector<float>(next->begin(), next->end()), expected_next);
   }
+}
+
+// generate() with a logits observer feeds the prompt token by token (the
+// observer sees every position) but in the prefill modes, so it generates
+// what a prefill would and the last prompt position's logits are prefill()'s;
+// the session's decode modes are back afterwards.
+TEST_F(BatchDecoderTest, AnObservedPromptIsFedInThePrefillModes) {
+  auto model = load("olmoe-tiny", "int8");
+  ASSERT_NE(model, nullptr);
+  const auto prompt = prompts_of("olmoe-tiny").front();
+  GenerateOptions options;
+  options.max_tokens = 12;
+  options.ignore_eos = true;
+  options.sampling.temperature = 0.0f;
+
+  Session plain(model);
+  auto unobserved = generate(plain, prompt, options, {});
+  ASSERT_TRUE(unobserved.ok()) << unobserved.error().message;
+  Session observed(model);
+  std::vector<float> last_prompt_logits;
+  auto seen = generate(observed, prompt, options, {}, [&](std::int32_t position, std::span<const float> logits) {
+    if (position + 1 == static_cast<std::int32_t>(prompt.size())) last_prompt_logits.assign(logits.begin(), logits.end());
+  });
+  ASSERT_TRUE(seen.ok()) << seen.error().message;
+  EXPECT_EQ(seen->tokens, unobserved->tokens);
+  EXPECT_EQ(observed.activation_modes().ffn_gate_up, ActivationMode::Int8Residual);
+
+  Session reference(model);
+  auto prefilled = reference.prefill(prompt);
+  ASSERT_TRUE(prefilled.ok());
+  EXPECT_EQ(last_prompt_logits, std::vector<float>(prefilled->begin(), prefilled->end()));
+  reference.reset();
+  reference.set_prefill_activation_modes(std::nullopt);
+  auto exact = reference.prefill(prompt);
+  ASSERT_TRUE(exact.ok());
+  // Else the prefill modes change nothing on this fixture and the check above proves less.
+  EXPECT_NE(last_prompt_logits, std::vector<float>(exact->begin(), exact->end()));
 }
 
 TEST_F(BatchDecoderTest, AFailingItemFailsAloneAndFeedsNothing) {

@@ -133,6 +133,7 @@ TEST_F(StoreDecodeTest, OneStoreServesABatchOfSessionsAndPrefill) {
   // needs more slots than there are only when both tokens' sets cover all).
   {
     Session session(model, 0, nullptr, 2, store->get());
+    session.set_prefill_activation_modes(std::nullopt);  // exact, as `expected` decoded token by token
     auto logits = session.prefill(prompt);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
     EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), expected.back());
@@ -169,6 +170,7 @@ TEST_F(StoreDecodeTest, ABatchNeedingMoreExpertsThanTheBudgetRunsInWaves) {
     // Chunks of 16 tokens choose (nearly) all 16 experts of a layer: more than
     // the 8 unpinned slots, so each layer runs its experts in waves.
     Session session(model, 0, nullptr, 16, store->get());
+    session.set_prefill_activation_modes(std::nullopt);  // exact, as `expected` decoded token by token
     auto logits = session.prefill(prompt);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
     EXPECT_EQ(std::vector<float>(logits->begin(), logits->end()), expected.back());
