@@ -193,11 +193,13 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
 
   colibri_inference_params params = colibri_inference_params_default();
   if (params_in != nullptr) {
-    // The header before logit_bias and logprobs ended at logit_bias_tokens;
-    // such callers keep the defaults of the fields they do not have.
+    // The header before logit_bias and logprobs ended at logit_bias_tokens,
+    // the one before exact_prompt at exact_prompt; such callers keep the
+    // defaults of the fields they do not have.
     constexpr std::size_t kFirstLayout = offsetof(colibri_inference_params, logit_bias_tokens);
-    if (params_in->struct_size == kFirstLayout) {
-      std::memcpy(&params, params_in, kFirstLayout);
+    constexpr std::size_t kSecondLayout = offsetof(colibri_inference_params, exact_prompt);
+    if (params_in->struct_size == kFirstLayout || params_in->struct_size == kSecondLayout) {
+      std::memcpy(&params, params_in, params_in->struct_size);
       params.struct_size = sizeof params;
     } else {
       if (auto s = check_struct_size(function, "params", params_in); s != COLIBRI_OK) return s;
@@ -261,6 +263,9 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     });
     options.json = model->json.get();
   }
+  if (!is_bool(params.exact_prompt))
+    return failf(function, COLIBRI_ERR_INVALID_ARGUMENT, "params->exact_prompt must be 0 or 1, got {}",
+                 params.exact_prompt);
   if (auto status = validate(options.sampling); !status.ok())
     return fail(function, COLIBRI_ERR_INVALID_ARGUMENT, status.error().message);
   options.ignore_eos = params.ignore_eos != 0;
@@ -294,6 +299,7 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
   std::unique_lock<std::mutex> store_lock;
   if (model->store) store_lock = std::unique_lock<std::mutex>(model->store_mutex);
   Session session(model->model, params.n_ctx, nullptr, Session::kDefaultPrefillBatch, model->store.get());
+  if (params.exact_prompt != 0) session.set_prefill_activation_modes(std::nullopt);
   const std::size_t room = static_cast<std::size_t>(session.max_context());
   if (prompt.size() > room)
     return failf(function, COLIBRI_ERR_CONTEXT_FULL, "the prompt has {} tokens but the context holds {}",
@@ -675,6 +681,7 @@ COLIBRI_API colibri_inference_params colibri_inference_params_default(void) {
   p.n_logit_bias = 0;
   p.logprobs = -1;
   p.json_object = 0;
+  p.exact_prompt = 0;
   return p;
 }
 

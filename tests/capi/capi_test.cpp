@@ -651,6 +651,47 @@ TEST_F(CApi, WeightsMemoryKindsGenerateTheSameTokens) {
   fs::remove(file);
 }
 
+// exact_prompt: by default an 8-bit model's prompt takes the prefill modes
+// (one int8 plane for the FFN gate and up products), with 1 the decode modes,
+// which moves the logits the first token is sampled from (seen through its
+// log-probability). A struct of the header before exact_prompt gets the
+// default whatever lies past its size; values other than 0 and 1 are refused.
+TEST_F(CApi, ExactPromptMultipliesThePromptAsGeneratedTokens) {
+  const fs::path file = fs::temp_directory_path() / ("colibri_capi_exact_" + std::to_string(getpid()) + ".colibri");
+  ASSERT_NO_FATAL_FAILURE(convert_int8("olmoe-tiny", file));
+  colibri_model* model = nullptr;
+  ASSERT_EQ(lib::colibri_load_model(file.c_str(), nullptr, &model), COLIBRI_OK) << last_error();
+  const char* text = "The experts argue about routing.";
+  auto first_logprob = [&](const colibri_inference_params& params) {
+    colibri_result* result = nullptr;
+    float logprob = 0.0f;
+    EXPECT_EQ(lib::colibri_inference(model, text, &params, &result), COLIBRI_OK) << last_error();
+    if (result != nullptr && result->n_tokens > 0 && result->token_logprobs != nullptr) logprob = result->token_logprobs[0];
+    lib::colibri_free_result(result);
+    return logprob;
+  };
+  colibri_inference_params params = lib::colibri_inference_params_default();
+  EXPECT_EQ(params.exact_prompt, 0);
+  params.max_tokens = 2;
+  params.ignore_eos = 1;
+  params.logprobs = 0;
+  const float fast = first_logprob(params);
+  params.exact_prompt = 1;
+  const float exact = first_logprob(params);
+  EXPECT_NE(fast, exact);
+  EXPECT_EQ(first_logprob(params), exact);
+  colibri_inference_params older = params;
+  older.struct_size = offsetof(colibri_inference_params, exact_prompt);
+  EXPECT_EQ(first_logprob(older), fast);
+
+  params.exact_prompt = 2;
+  colibri_result* result = nullptr;
+  EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_inference(model, text, &params, &result), "colibri_inference");
+  EXPECT_NE(last_error().find("params->exact_prompt"), std::string::npos) << last_error();
+  lib::colibri_unload_model(model);
+  fs::remove(file);
+}
+
 // A model loaded with an expert store generates exactly what it generates
 // without one;
 // its policy can be changed, its counters are in colibri_model_info (also
@@ -929,6 +970,7 @@ TEST_F(CApiModel, InferenceParamsDefaults) {
   EXPECT_EQ(p.n_logit_bias, 0u);
   EXPECT_EQ(p.logprobs, -1);
   EXPECT_EQ(p.json_object, 0);
+  EXPECT_EQ(p.exact_prompt, 0);
 }
 
 // json_object: the text is always the start of a JSON object (checked by the

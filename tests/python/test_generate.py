@@ -219,3 +219,12 @@ def test_json_object(fixture_path):
     assert sampled.finish_reason in ("json_complete", "length")
     if sampled.finish_reason == "json_complete":
         assert isinstance(json.loads(sampled.text), dict)
+
+
+def test_exact_prompt_reaches_the_library(fixture_path):
+    # f32 weights take f32 activations in every mode, so the tokens agree; a
+    # params struct whose layout disagreed with the library's would be refused.
+    model = colibri.Model(fixture_path("mixtral-tiny"))
+    default = model.generate("The quick brown fox", max_tokens=6, ignore_eos=True)
+    exact = model.generate("The quick brown fox", max_tokens=6, ignore_eos=True, exact_prompt=True)
+    assert list(exact.tokens) == list(default.tokens)

@@ -389,6 +389,7 @@ class Model:
         logit_bias: Optional[dict] = None,
         logprobs: Optional[int] = None,
         json_object: bool = False,
+        exact_prompt: bool = False,
     ) -> Result:
         """Generates from a text prompt or from prompt token ids. Defaults are
         greedy decoding (temperature 0), as colibri-run. `on_text` receives each
@@ -396,7 +397,11 @@ class Model:
         maps token ids to biases in [-100, 100] added to their logits.
         `logprobs=N` (0-20) fills Result.logprobs and Result.top_logprobs.
         `json_object=True` constrains the text to one JSON object; generation
-        ends when it closes (finish_reason "json_complete")."""
+        ends when it closes (finish_reason "json_complete"). `exact_prompt=True`
+        multiplies the prompt as generated tokens are (two int8 activation
+        planes on 8-bit weights), so its logits are bit-identical to decoding it
+        token by token; by default its FFN gate and up products take one plane,
+        as colibri-run and the server do (docs/KERNELS.md, "Prefill modes")."""
         lib = _ffi.lib()
         params = lib.colibri_inference_params_default()
         _set_int(params, "max_tokens", max_tokens)
@@ -434,6 +439,7 @@ class Model:
         if logprobs is not None:
             _set_int(params, "logprobs", logprobs)
         params.json_object = 1 if json_object else 0
+        params.exact_prompt = 1 if exact_prompt else 0
 
         failure: list = []
         callback = None

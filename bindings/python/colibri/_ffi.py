@@ -127,6 +127,7 @@ class InferenceParams(ctypes.Structure):
         ("n_logit_bias", c_size_t),
         ("logprobs", c_int32),
         ("json_object", c_int32),
+        ("exact_prompt", c_int32),
     ]
 
 

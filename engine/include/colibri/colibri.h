@@ -383,6 +383,15 @@ typedef struct colibri_inference_params {
   int32_t json_object;              /* 0 or 1: constrain the output to one JSON object;
                                        generation ends (COLIBRI_FINISH_JSON_COMPLETE) when
                                        it closes. Default 0. */
+  /* Added after json_object; a struct_size that ends at exact_prompt is accepted
+   * and gets its default. */
+  int32_t exact_prompt;             /* 0 or 1. 0 (default): with 8-bit weights the prompt's
+                                       FFN gate and up products take one int8 activation
+                                       plane (faster prompts; fidelity within the int8
+                                       bounds, docs/KERNELS.md "Prefill modes"), as
+                                       colibri-run and the server by default. 1: the prompt
+                                       is multiplied as generated tokens are, so its logits
+                                       are bit-identical to decoding it token by token. */
 } colibri_inference_params;
 
 /* struct_size set, every field at its default (greedy, 128 tokens). */
