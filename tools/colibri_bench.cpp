@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
   std::string step_times_path;
   std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
   std::string prefill_activations = "int8-ffn";
+  std::string decode_activations = "same";
   app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
   app.add_option("-t,--threads", threads, "Threads in the team, the calling thread included")
       ->capture_default_str()
@@ -314,6 +315,11 @@ int main(int argc, char** argv) {
                  "Activation modes of prefill: 'int8-ffn' (one int8 plane for the FFN gate and up products, "
                  "Session's default kPrefillInt8Ffn) or 'same' as decode (int8 + residual plane, "
                  "bit-identical to decoding token by token)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"same", "int8-ffn"}));
+  app.add_option("--decode-activations", decode_activations,
+                 "Activation modes of decode: 'same' (the default: int8 + residual plane) or 'int8-ffn' (one "
+                 "int8 plane for the FFN gate and up products, the server's decode_activations int8-ffn)")
       ->capture_default_str()
       ->check(CLI::IsMember({"same", "int8-ffn"}));
   app.add_flag("--json", json, "Print one JSON document instead of the table");
@@ -414,6 +420,8 @@ int main(int argc, char** argv) {
     decode_store.prefetch_wasted += b.prefetch_wasted - a.prefetch_wasted;
   };
   std::int64_t decode_steps_timed = 0;
+  if (decode_activations == "int8-ffn") session.set_activation_modes(colibri::kPrefillInt8Ffn);
+  // 'same' prefill follows the decode modes, whichever they are.
   if (prefill_activations == "same") session.set_prefill_activation_modes(std::nullopt);
 
   RouterTimer router_timer;
@@ -863,6 +871,7 @@ int main(int argc, char** argv) {
       {"temperature", temperature},
       {"prefill_batch", prefill_batch},
       {"prefill_activations", prefill_activations},
+      {"decode_activations", decode_activations},
       {"requests", requests},
       {"warmup", warmup},
       {"prefill_tokens_per_s", median(prefill_rates)},
@@ -972,7 +981,7 @@ int main(int argc, char** argv) {
                               prefill_batch, prefill_activations));
   line("prefill per team CPU", fmt::format("{:.1f} tokens/s ({} x the CPU seconds received; the rate with the cores "
                                            "to itself)", median(prefill_cpu_rates), threads));
-  line("decode", fmt::format("{:.2f} tokens/s", decode_rate));
+  line("decode", fmt::format("{:.2f} tokens/s (activations {})", decode_rate, decode_activations));
   line("time to first token", fmt::format("{:.1f} ms", median(ttfts)));
   line("decode latency", fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}) over all {} timed steps",
                                      pooled_p50, pooled_p95, pooled_p99, pooled_p99 / std::max(pooled_p50, 1e-12),
