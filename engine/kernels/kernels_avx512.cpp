@@ -741,7 +741,7 @@ void pack_tile(const ActivationView* const* xs, int32_t nv, bool residual, size_
 template <bool Residual, int NV>
 __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, const float* block_scales, size_t cols,
                                                   size_t group, int32_t groups, const PackedTile& pack,
-                                                  bool carry_in, __m512* acc_io) {
+                                                  bool carry_in, __m512* acc_io, const std::int8_t* fetch_ahead) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NV];
 #pragma GCC unroll 8
@@ -760,6 +760,7 @@ __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, con
     for (size_t c = begin; c < end; c += 4, line += 4 * kPackedSources) {
       const std::int8_t* chunk = values + c * kQ8R16Rows;
       _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
+      if (fetch_ahead != nullptr) _mm_prefetch(reinterpret_cast<const char*>(fetch_ahead + c * kQ8R16Rows), _MM_HINT_T1);
       const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(chunk), flip);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
@@ -810,6 +811,7 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
   const int32_t slices = (groups + slice_groups - 1) / slice_groups;
   const size_t slice_bytes = slices > 1 ? kQ8R16Rows * static_cast<size_t>(slice_groups) * group : at.block_bytes;
   const int32_t panel = kPackedPanelBytes >= slice_bytes ? static_cast<int32_t>(kPackedPanelBytes / slice_bytes) : 1;
+  const int32_t tiles = (n + kQ8R16Vectors - 1) / kQ8R16Vectors;
   PackedTile pack;
   for (int32_t p0 = first; p0 <= last; p0 += panel) {
     const int32_t p1 = p0 + panel - 1 < last ? p0 + panel - 1 : last;
@@ -818,16 +820,25 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
       const size_t c0 = static_cast<size_t>(g0) * group, slice_cols = min_size(cols - c0, slice_groups * group);
       for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
         const int32_t nv = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
+        const int32_t tile = v0 / kQ8R16Vectors;
         pack_tile(xq + v0, nv, Residual, c0, slice_cols, g0, slice_groups_here, pack);
-        for (int32_t b = p0; b <= p1; ++b)
+        for (int32_t b = p0; b <= p1; ++b) {
+          // The first tile streams this panel from DRAM faster than one core
+          // reads it, and the later ones find it in L2: so every tile fetches
+          // its share of the next panel's blocks into L2 while it computes.
+          const int32_t ahead = b + panel;
+          const std::int8_t* fetch_ahead = tiles > 1 && slices == 1 && ahead <= last && (b - p0) % tiles == tile
+                                               ? at.values_of(ahead)
+                                               : nullptr;
           q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
             __m512 acc[NV];
             if (slice > 0) load_r16_blocks<1, NV>(&b, y + v0, row_begin, row_end, acc);
             q8r16_packed_block<Residual, NV>(at.values_of(b) + c0 * kQ8R16Rows,
                                              at.scales_of(b) + static_cast<size_t>(g0) * kQ8R16Rows, slice_cols, group,
-                                             slice_groups_here, pack, slice > 0, acc);
+                                             slice_groups_here, pack, slice > 0, acc, fetch_ahead);
             store_r16_blocks<1, NV>(&b, acc, y + v0, row_begin, row_end);
           });
+        }
       }
     }
   }
