@@ -825,11 +825,12 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
         for (int32_t b = p0; b <= p1; ++b) {
           // The first tile streams this panel from DRAM faster than one core
           // reads it, and the later ones find it in L2: so every tile fetches
-          // its share of the next panel's blocks into L2 while it computes.
+          // a share of the next panel's blocks into L2 while it computes, in
+          // proportion to its vectors (its time).
           const int32_t ahead = b + panel;
-          const std::int8_t* fetch_ahead = tiles > 1 && slices == 1 && ahead <= last && (b - p0) % tiles == tile
-                                               ? at.values_of(ahead)
-                                               : nullptr;
+          const int32_t owner = static_cast<int32_t>(static_cast<int64_t>(b - p0) * n / (p1 - p0 + 1)) / kQ8R16Vectors;
+          const std::int8_t* fetch_ahead =
+              tiles > 1 && slices == 1 && ahead <= last && owner == tile ? at.values_of(ahead) : nullptr;
           q8r16_tile<kQ8R16Vectors>(nv, [&]<int NV>() {
             __m512 acc[NV];
             if (slice > 0) load_r16_blocks<1, NV>(&b, y + v0, row_begin, row_end, acc);
