@@ -186,6 +186,7 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
   context_.store(context, std::memory_order_release);
   n_.store(n, std::memory_order_release);
   chunk_.store(per_range * grain, std::memory_order_release);
+  grain_.store(grain, std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(generation, std::memory_order_release);
   generation_.store(jobs_, std::memory_order_release);
@@ -207,10 +208,18 @@ void ThreadTeam::work(std::int32_t member) {
     const Fn fn = fn_.load(std::memory_order_acquire);
     void* const context = context_.load(std::memory_order_acquire);
     const std::int32_t n = n_.load(std::memory_order_acquire);
-    const std::int32_t chunk = chunk_.load(std::memory_order_acquire);
+    const std::int32_t largest = chunk_.load(std::memory_order_acquire);
+    const std::int32_t grain = grain_.load(std::memory_order_acquire);
     const auto index = static_cast<std::uint32_t>(claim);
     if (index >= static_cast<std::uint32_t>(n)) return;  // exhausted, or retired (see run)
     const auto begin = static_cast<std::int32_t>(index);
+    // Ranges shrink with the work left (a quarter of it per member's share,
+    // down to one grain), so the members finish a job close together: at the
+    // end of a decode step's job a member would otherwise wait out the
+    // other's last full range, most of the job's time on one core in DRAM's
+    // fast spells.
+    const std::int32_t share = (n - begin) / (2 * size_) / grain * grain;
+    const std::int32_t chunk = std::clamp(share, grain, largest);
     // Success proves the claim word did not change since it was read: neither
     // claimed further nor retired, so the fields above belong to its job (run
     // retires the word before rewriting them). begin + chunk < 2^32: the

@@ -122,7 +122,8 @@ class ThreadTeam {
   std::atomic<Fn> fn_{nullptr};
   std::atomic<void*> context_{nullptr};
   std::atomic<std::int32_t> n_{0};
-  std::atomic<std::int32_t> chunk_{1};
+  std::atomic<std::int32_t> chunk_{1};  // the largest range, grain-aligned
+  std::atomic<std::int32_t> grain_{1};
   std::uint32_t jobs_ = 0;  // caller-side count of jobs published
   // Separate cache lines for what the members write at different times.
   // claim_: job generation (high 32 bits) and the next unclaimed index.
