@@ -83,21 +83,9 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     return true;
   };
 
-  if (observer) {
-    // The observer sees every prompt position's logits: one token at a time,
-    // in the prefill modes, so the generated tokens are prefill()'s.
-    const ActivationModes decode_modes = session.activation_modes();
-    if (session.prefill_activation_modes()) session.set_activation_modes(*session.prefill_activation_modes());
-    Status fed = Status::Ok();
-    for (std::int32_t token : prompt)
-      if (fed = feed(token); !fed.ok()) break;
-    session.set_activation_modes(decode_modes);
-    if (!fed.ok()) return fed.error();
-  } else {
-    auto last = session.prefill(prompt);
-    if (!last) return last.error();
-    std::copy(last->begin(), last->end(), logits.begin());
-  }
+  auto prompt_logits = session.prefill(prompt, observer);
+  if (!prompt_logits) return prompt_logits.error();
+  std::copy(prompt_logits->begin(), prompt_logits->end(), logits.begin());
 
   output.finish = FinishReason::Length;
   bool running = true;

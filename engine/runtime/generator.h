@@ -52,11 +52,11 @@ struct GenerateOutput {
 // Receives displayable UTF-8 text as soon as it is complete; returning false
 // cancels the generation.
 using TextCallback = std::function<bool(std::string_view text)>;
-// Sees the raw logits after every fed token: prompt positions first, then each
-// generated one (position is the index of the token just fed).
-using LogitsObserver = std::function<void(std::int32_t position, std::span<const float> logits)>;
 
 // Feeds `prompt` into a fresh or continued `session` and generates.
+// `observer` (runtime/session.h) sees the raw logits after every fed token:
+// prompt positions first, then each generated one (position is the index of
+// the token just fed).
 Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> prompt,
                                 const GenerateOptions& options, const TextCallback& on_text,
                                 const LogitsObserver& observer = {});

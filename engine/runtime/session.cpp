@@ -41,7 +41,7 @@ Result<std::span<const float>> Session::decode(std::int32_t token) {
   return std::span<const float>(logits_);
 }
 
-Result<std::span<const float>> Session::prefill(std::span<const std::int32_t> tokens) {
+Result<std::span<const float>> Session::prefill(std::span<const std::int32_t> tokens, const LogitsObserver& observer) {
   const ModelConfig& c = model_->config();
   if (tokens.empty()) return make_error("prefill needs at least one token");
   for (std::size_t i = 0; i < tokens.size(); ++i)
@@ -53,7 +53,8 @@ Result<std::span<const float>> Session::prefill(std::span<const std::int32_t> to
   // As few passes as the capacity allows, of equal length (the first ones one
   // longer): a pass reads every expert any of its tokens routes to, so the
   // pass count is what matters, and balanced passes keep matmat tiles full.
-  const std::size_t capacity = items_.size();
+  // An observer needs every position's logits: one token per pass.
+  const std::size_t capacity = observer ? 1 : items_.size();
   const std::size_t passes = (tokens.size() + capacity - 1) / capacity;
   const std::size_t base = tokens.size() / passes, longer = tokens.size() % passes;
   // Prefill modes apply for the duration of this call only.
@@ -70,12 +71,13 @@ Result<std::span<const float>> Session::prefill(std::span<const std::int32_t> to
       BatchItem& item = items_[i];
       item.session = this;
       item.token = tokens[first + i];
-      item.logits = first + i + 1 == tokens.size() ? logits_.data() : nullptr;
+      item.logits = observer || first + i + 1 == tokens.size() ? logits_.data() : nullptr;
     }
     COLIBRI_TRY(decoder_->step(std::span<BatchItem>(items_.data(), n)));
     // Validated above, so only the forward pass can fail, and then it fails
     // the whole chunk.
     if (!items_.front().status.ok()) return items_.front().status.error();
+    if (observer) observer(position_ - 1, logits_);
     first += n;
   }
   return std::span<const float>(logits_);

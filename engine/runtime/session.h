@@ -55,6 +55,10 @@ inline constexpr ActivationModes kPrefillInt8Ffn{
     .ffn_gate_up = ActivationMode::Int8,
 };
 
+// Sees the logits after a fed token: its position and the logits predicting
+// the next token (valid during the call).
+using LogitsObserver = std::function<void(std::int32_t position, std::span<const float> logits)>;
+
 // Receives named intermediate tensors (e.g. "attn_out", layer 1, position 5)
 // so a divergence from another engine can be found layer by layer. Layer is -1
 // for tensors outside the layer stack.
@@ -122,7 +126,10 @@ class Session {
   // Nothing is fed when a token is invalid or the tokens do not fit in the
   // context; if the forward pass fails (a router producing NaN), the chunks
   // before the failing one stay fed.
-  Result<std::span<const float>> prefill(std::span<const std::int32_t> tokens);
+  // With an observer, every position's logits are computed and passed to it
+  // (position, logits) as its token is fed: one token per pass, in the same
+  // modes, so the result is the same.
+  Result<std::span<const float>> prefill(std::span<const std::int32_t> tokens, const LogitsObserver& observer = {});
 
   std::int32_t position() const { return position_; }
   std::int32_t max_context() const { return max_context_; }
