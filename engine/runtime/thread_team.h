@@ -11,9 +11,10 @@
 //
 // parallel_for hands out row ranges dynamically from an atomic counter, which
 // keeps both cores busy even when another process takes one of them for a
-// while; the ranges shrink as the job runs out, so members finish together. The caller waits only for ranges that were claimed, never for a
-// worker to wake up: on a busy machine a descheduled worker simply does no
-// part of the job. It allocates nothing and holds no lock while the body
+// while; the ranges shrink as the job runs out, so members finish together.
+// The caller waits only for ranges that were claimed, never for a worker to
+// wake up: on a busy machine a descheduled worker simply does no part of the
+// job. It allocates nothing and holds no lock while the body
 // runs. One parallel_for at a time per team: it is not reentrant and not for
 // concurrent callers (give each decoding thread its own team).
 #pragma once
