@@ -361,6 +361,46 @@ void BM_VnniPeak(benchmark::State& state) {
   state.counters["GMACps"] = peak / 1e9;
 }
 
+// n input vectors of `cols` values (quantized with `group` when the variant
+// takes int8 activations) and n outputs of `rows`, with the pointer arrays
+// matmat takes.
+struct MatmatVectors {
+  std::vector<std::vector<float>> xs, ys;
+  std::vector<kernels::ActivationQ8> xqs;
+  std::vector<const float*> x;
+  std::vector<const kernels::ActivationQ8*> xq;
+  std::vector<float*> y;
+  bool quantized = false;
+
+  MatmatVectors(std::int32_t n, std::int32_t rows, std::int32_t cols, std::int32_t group, const Variant& variant)
+      : xs(static_cast<std::size_t>(n)),
+        ys(static_cast<std::size_t>(n)),
+        xqs(static_cast<std::size_t>(n)),
+        quantized(variant.int8_activations) {
+    for (std::size_t v = 0; v < xs.size(); ++v) {
+      xs[v].resize(static_cast<std::size_t>(cols));
+      for (std::size_t i = 0; i < xs[v].size(); ++i)
+        xs[v][i] = static_cast<float>((i * 7919 + 31 * v) % 1000) / 500.0f - 1.0f;
+      if (quantized) kernels::quantize_activation(xs[v].data(), cols, group, xqs[v], variant.residual);
+      ys[v].resize(static_cast<std::size_t>(rows));
+      x.push_back(xs[v].data());
+      xq.push_back(&xqs[v]);
+      y.push_back(ys[v].data());
+    }
+  }
+  // What matmat's xq argument is: null for f32 activations.
+  const kernels::ActivationQ8* const* int8_activations() const { return quantized ? xq.data() : nullptr; }
+};
+
+// GMACps (multiply-adds of the rows x cols matrix with n vectors per CPU
+// second) and, with VNNI, of_vnni_peak.
+void count_macs(benchmark::State& state, std::int32_t rows, std::int32_t cols, std::int32_t n) {
+  const double macs = static_cast<double>(state.iterations()) * rows * static_cast<double>(cols) * n;
+  state.counters["GMACps"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsRate);
+  if (const double peak = vnni_peak_macs(); peak > 0.0)
+    state.counters["of_vnni_peak"] = benchmark::Counter(macs / peak, benchmark::Counter::kIsRate);
+}
+
 // matmat of one matrix with n vectors, or (use_matmat false) matvec n times.
 void BM_Matmat(benchmark::State& state, Variant variant, const MatmatShape* shape, Isa isa, std::int32_t n,
                bool use_matmat) {
@@ -385,37 +425,19 @@ void BM_Matmat(benchmark::State& state, Variant variant, const MatmatShape* shap
   }
   const Matrix m = matrix_view(variant.format, shape->rows, shape->cols, group,
                                reinterpret_cast<const std::uint8_t*>(bytes.get()));
-  std::vector<std::vector<float>> xs(static_cast<std::size_t>(n)), ys(static_cast<std::size_t>(n));
-  std::vector<kernels::ActivationQ8> xqs(static_cast<std::size_t>(n));
-  std::vector<const float*> x_ptrs;
-  std::vector<const kernels::ActivationQ8*> xq_ptrs;
-  std::vector<float*> y_ptrs;
-  for (std::int32_t v = 0; v < n; ++v) {
-    auto& x = xs[static_cast<std::size_t>(v)];
-    x.resize(static_cast<std::size_t>(shape->cols));
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919 + 31 * v) % 1000) / 500.0f - 1.0f;
-    if (variant.int8_activations)
-      kernels::quantize_activation(x.data(), shape->cols, group, xqs[static_cast<std::size_t>(v)], variant.residual);
-    ys[static_cast<std::size_t>(v)].resize(static_cast<std::size_t>(shape->rows));
-    x_ptrs.push_back(x.data());
-    xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
-    y_ptrs.push_back(ys[static_cast<std::size_t>(v)].data());
-  }
-  const kernels::ActivationQ8* const* xq = variant.int8_activations ? xq_ptrs.data() : nullptr;
+  const MatmatVectors vectors(n, shape->rows, shape->cols, group, variant);
+  const kernels::ActivationQ8* const* xq = vectors.int8_activations();
   for (auto _ : state) {
     if (use_matmat) {
-      kernels::matmat(m, n, x_ptrs.data(), xq, y_ptrs.data(), 0, m.rows);
+      kernels::matmat(m, n, vectors.x.data(), xq, vectors.y.data(), 0, m.rows);
     } else {
       for (std::int32_t v = 0; v < n; ++v)
-        kernels::matvec(m, x_ptrs[static_cast<std::size_t>(v)], xq != nullptr ? xq[v] : nullptr,
-                        y_ptrs[static_cast<std::size_t>(v)], 0, m.rows);
+        kernels::matvec(m, vectors.x[static_cast<std::size_t>(v)], xq != nullptr ? xq[v] : nullptr,
+                        vectors.y[static_cast<std::size_t>(v)], 0, m.rows);
     }
     benchmark::ClobberMemory();
   }
-  const double macs = static_cast<double>(state.iterations()) * shape->rows * static_cast<double>(shape->cols) * n;
-  state.counters["GMACps"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsRate);
-  if (const double peak = vnni_peak_macs(); peak > 0.0)
-    state.counters["of_vnni_peak"] = benchmark::Counter(macs / peak, benchmark::Counter::kIsRate);
+  count_macs(state, shape->rows, shape->cols, n);
   kernels::force_isa(previous);
 }
 
@@ -432,34 +454,17 @@ void BM_MatmatCold(benchmark::State& state, Variant variant, const Shape* shape,
   }
   Pool& pool = pool_for(variant.format, *shape);
   const std::int32_t group = pool.views[0].group;
-  std::vector<std::vector<float>> xs(static_cast<std::size_t>(n)), ys(static_cast<std::size_t>(n));
-  std::vector<kernels::ActivationQ8> xqs(static_cast<std::size_t>(n));
-  std::vector<const float*> x_ptrs;
-  std::vector<const kernels::ActivationQ8*> xq_ptrs;
-  std::vector<float*> y_ptrs;
-  for (std::int32_t v = 0; v < n; ++v) {
-    auto& x = xs[static_cast<std::size_t>(v)];
-    x.resize(static_cast<std::size_t>(shape->cols));
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919 + 31 * v) % 1000) / 500.0f - 1.0f;
-    kernels::quantize_activation(x.data(), shape->cols, group, xqs[static_cast<std::size_t>(v)], variant.residual);
-    ys[static_cast<std::size_t>(v)].resize(static_cast<std::size_t>(shape->rows));
-    x_ptrs.push_back(x.data());
-    xq_ptrs.push_back(&xqs[static_cast<std::size_t>(v)]);
-    y_ptrs.push_back(ys[static_cast<std::size_t>(v)].data());
-  }
+  const MatmatVectors vectors(n, shape->rows, shape->cols, group, variant);
   std::size_t next = 0;
   for (auto _ : state) {
     const Matrix& m = pool.views[next++ % pool.views.size()];
-    kernels::matmat(m, n, x_ptrs.data(), xq_ptrs.data(), y_ptrs.data(), 0, m.rows);
+    kernels::matmat(m, n, vectors.x.data(), vectors.int8_activations(), vectors.y.data(), 0, m.rows);
     benchmark::ClobberMemory();
   }
-  const double macs = static_cast<double>(state.iterations()) * shape->rows * static_cast<double>(shape->cols) * n;
-  state.counters["GMACps"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsRate);
+  count_macs(state, shape->rows, shape->cols, n);
   state.counters["weight_GBps"] =
       benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(pool.matrix_bytes) / 1e9,
                          benchmark::Counter::kIsRate);
-  if (const double peak = vnni_peak_macs(); peak > 0.0)
-    state.counters["of_vnni_peak"] = benchmark::Counter(macs / peak, benchmark::Counter::kIsRate);
   kernels::force_isa(previous);
 }
 
