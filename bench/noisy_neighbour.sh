@@ -21,13 +21,7 @@ loadgen=$build_dir/server/colibri-loadgen
 core_a=${COLIBRI_CORE_A:-0}
 core_b=${COLIBRI_CORE_B:-1}
 out=${COLIBRI_OUT:-noisy_neighbour.json}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2> /dev/null && { wait "$pid" 2> /dev/null || true; }; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/../tests/scripts/lib/background_processes.sh"
 
 start_instance() {  # NAME CORE PORT
   taskset -c "$2" "$server" --model "$model" --model-memory map --compute-threads 1 --compute-cores "$2" \

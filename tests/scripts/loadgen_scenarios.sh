@@ -18,13 +18,7 @@ data_dir=$2
 server=$build_dir/server/colibri-server
 loadgen=$build_dir/server/colibri-loadgen
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2> /dev/null && { wait "$pid" 2> /dev/null || true; }; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/lib/background_processes.sh"
 fail() {
   echo "FAIL loadgen_scenarios: $*" >&2
   [[ -f $work/server.log ]] && tail -20 "$work/server.log" >&2
