@@ -30,6 +30,7 @@
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "kv_cache_flag.h"
+#include "prefill_activations_flag.h"
 #include "routing_flags.h"
 #include "text_file_tokens.h"
 #include "store_flags.h"
@@ -274,7 +275,7 @@ int main(int argc, char** argv) {
   bool json = false, no_pin = false;
   std::string step_times_path;
   std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
-  std::string prefill_activations = "int8-ffn";
+  colibri_tools::PrefillActivationsFlag prefill_activations;
   std::string decode_activations = "same";
   app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
   app.add_option("-t,--threads", threads, "Threads in the team, the calling thread included")
@@ -311,12 +312,7 @@ int main(int argc, char** argv) {
                  "Most prompt tokens per forward pass of Session::prefill (its prefill_batch)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--prefill-activations", prefill_activations,
-                 "Activation modes of prefill: 'int8-ffn' (one int8 plane for the FFN gate and up products, "
-                 "Session's default kPrefillInt8Ffn) or 'same' as decode (int8 + residual plane, "
-                 "bit-identical to decoding token by token)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"same", "int8-ffn"}));
+  prefill_activations.add(app);
   app.add_option("--decode-activations", decode_activations,
                  "Activation modes of decode: 'same' (the default: int8 + residual plane) or 'int8-ffn' (one "
                  "int8 plane for the FFN gate and up products, the server's decode_activations int8-ffn)")
@@ -421,8 +417,7 @@ int main(int argc, char** argv) {
   };
   std::int64_t decode_steps_timed = 0;
   if (decode_activations == "int8-ffn") session.set_activation_modes(colibri::kPrefillInt8Ffn);
-  // 'same' prefill follows the decode modes, whichever they are.
-  if (prefill_activations == "same") session.set_prefill_activation_modes(std::nullopt);
+  prefill_activations.apply(session);
 
   RouterTimer router_timer;
   PhaseTimer phase_timer;
@@ -870,7 +865,7 @@ int main(int argc, char** argv) {
       {"gen_tokens", gen_tokens},
       {"temperature", temperature},
       {"prefill_batch", prefill_batch},
-      {"prefill_activations", prefill_activations},
+      {"prefill_activations", prefill_activations.name},
       {"decode_activations", decode_activations},
       {"requests", requests},
       {"warmup", warmup},
@@ -978,7 +973,7 @@ int main(int argc, char** argv) {
   line("cpu share", fmt::format("{:.0f} % of {} cores while timed (below 100 %: other processes took CPU time)",
                                 cpu_share * 100, threads));
   line("prefill", fmt::format("{:.1f} tokens/s (passes of at most {} tokens, activations {})", median(prefill_rates),
-                              prefill_batch, prefill_activations));
+                              prefill_batch, prefill_activations.name));
   line("prefill per team CPU", fmt::format("{:.1f} tokens/s ({} x the CPU seconds received; the rate with the cores "
                                            "to itself)", median(prefill_cpu_rates), threads));
   line("decode", fmt::format("{:.2f} tokens/s (activations {})", decode_rate, decode_activations));

@@ -13,6 +13,7 @@
 #include "runtime/generator.h"
 #include "runtime/session.h"
 #include "kv_cache_flag.h"
+#include "prefill_activations_flag.h"
 #include "store_flags.h"
 #include "weights_flags.h"
 
@@ -116,15 +117,8 @@ int main(int argc, char** argv) {
                  "is fed in batches, so its lines come layer by layer for all its positions (use the "
                  "\"pos\" field)");
   app.add_flag("-q,--quiet", quiet, "Print only the generated text");
-  std::string prefill_activations = "int8-ffn";
-  app.add_option("--prefill-activations", prefill_activations,
-                 "How the prompt's tokens are multiplied (8-bit weights): 'int8-ffn', one int8 activation "
-                 "plane for the FFN gate and up products and two for the rest (a prompt is bound by "
-                 "arithmetic; fidelity within the int8 bounds, docs/KERNELS.md), or 'same' as generated "
-                 "tokens (two planes), so the prompt's logits are bit-identical to decoding it token by token. "
-                 "The server's prefill_activations.")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"same", "int8-ffn"}));
+  colibri_tools::PrefillActivationsFlag prefill_activations;
+  prefill_activations.add(app);
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
@@ -182,7 +176,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "colibri-run: --mlock: %s\n", (*model)->weights_lock_error().c_str());
   colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get(),
                            kv_cache_flag.type());
-  if (prefill_activations == "same") session.set_prefill_activation_modes(std::nullopt);
+  prefill_activations.apply(session);
   std::ofstream dump;
   if (!dump_tensors.empty()) {
     dump.open(dump_tensors);
