@@ -18,6 +18,7 @@
 #include <fstream>
 #include <span>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "model/model.h"
@@ -977,6 +978,12 @@ int connect_loopback(int port, bool nonblocking = false, int receive_buffer = 0)
   return fd;
 }
 
+// Sends `bytes` in one call (a few KB at most here, well inside the socket's
+// buffer); false unless all of them went.
+bool send_whole(int fd, std::string_view bytes) {
+  return send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
 // What the server sends until `done(received so far)` holds, it closes
 // ("<closed>" is appended), or `timeout_ms` passes.
 std::string read_until(int fd, int timeout_ms, const std::function<bool(const std::string&)>& done) {
@@ -1074,7 +1081,7 @@ TEST(HttpListenTest, SlowAndIdleClientsDoNotHoldTheWorkers) {
     ASSERT_GE(slow.back(), 0);
     ASSERT_GE(idle.back(), 0);
     const std::string start = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-    ASSERT_EQ(send(slow.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    ASSERT_TRUE(send_whole(slow.back(), start));
   }
   std::atomic<bool> trickling{true};
   std::thread trickle([&] {
@@ -1128,7 +1135,7 @@ TEST(HttpListenTest, AClientClosedMidRequestIsLetGoAtOnce) {
     ASSERT_GE(partial.back(), 0);
     const std::string start = i % 2 == 0 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: a"
                                          : post_head("/v1/completions", 100) + "{\"prompt\": ";
-    ASSERT_EQ(send(partial.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    ASSERT_TRUE(send_whole(partial.back(), start));
   }
   auto waiting = [&] { return metric_value(http_get(server->port(), "/metrics").body, "colibri_http_connections_waiting"); };
   for (int i = 0; i < 100 && waiting() < 20; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -1144,7 +1151,7 @@ TEST(HttpListenTest, AClientClosedMidRequestIsLetGoAtOnce) {
   const int whole = connect_loopback(server->port());
   ASSERT_GE(whole, 0);
   const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  ASSERT_EQ(send(whole, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(send_whole(whole, request));
   shutdown(whole, SHUT_WR);
   const std::string answer = read_until_closed(whole, 5000);
   EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
@@ -1179,7 +1186,7 @@ TEST(HttpListenTest, AFloodOfWaitingConnectionsIsShedOldestFirst) {
     const int fd = connect_loopback(server->port());
     ASSERT_GE(fd, 0) << "connection " << i;
     flood.push_back(fd);
-    ASSERT_EQ(send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    ASSERT_TRUE(send_whole(fd, start));
   }
   const std::string shed_metric = "colibri_http_connections_refused_total{reason=\"shed\"}";
   // Shed once the set passed 3072, down to 2048: at least 1025 (counted one
@@ -1223,7 +1230,7 @@ TEST(HttpListenTest, SlowBodiesDoNotHoldTheWorkers) {
     slow.push_back(connect_loopback(server->port()));
     ASSERT_GE(slow.back(), 0);
     const std::string start = head + body.substr(0, 10);
-    ASSERT_EQ(send(slow.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    ASSERT_TRUE(send_whole(slow.back(), start));
   }
   std::atomic<bool> trickling{true};
   std::thread trickle([&] {
@@ -1254,14 +1261,14 @@ TEST(HttpListenTest, SlowBodiesDoNotHoldTheWorkers) {
   const int fd = connect_loopback(server->port());
   ASSERT_GE(fd, 0);
   const std::string expect = post_head("/v1/completions", body.size(), "Expect: 100-continue\r\n");
-  ASSERT_EQ(send(fd, expect.data(), expect.size(), MSG_NOSIGNAL), static_cast<ssize_t>(expect.size()));
+  ASSERT_TRUE(send_whole(fd, expect));
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(poll(&p, 1, 800), 1) << "no 100 Continue";
   char interim[64] = {};
   const ssize_t n = recv(fd, interim, sizeof(interim) - 1, 0);
   ASSERT_GT(n, 0);
   EXPECT_EQ(std::string(interim).rfind("HTTP/1.1 100", 0), 0u) << interim;
-  ASSERT_EQ(send(fd, body.data(), body.size(), MSG_NOSIGNAL), static_cast<ssize_t>(body.size()));
+  ASSERT_TRUE(send_whole(fd, body));
   std::string rest;
   for (int i = 0; i < 100 && rest.find("\"choices\"") == std::string::npos; ++i) {
     p = {fd, POLLIN, 0};
@@ -1289,7 +1296,7 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
     stalled.push_back(connect_loopback(server->port()));
     ASSERT_GE(stalled.back(), 0);
     const std::string start = head + body.substr(0, 100000);
-    ASSERT_EQ(send(stalled.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    ASSERT_TRUE(send_whole(stalled.back(), start));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto start = std::chrono::steady_clock::now();
@@ -1304,7 +1311,7 @@ TEST(HttpListenTest, LargeSlowBodiesDoNotHoldTheWorkers) {
   const std::string request = head + body;
   for (std::size_t at = 0; at < request.size(); at += 70000) {
     const std::size_t n = std::min<std::size_t>(70000, request.size() - at);
-    ASSERT_EQ(send(fd, request.data() + at, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
+    ASSERT_TRUE(send_whole(fd, std::string_view(request).substr(at, n)));
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
   }
   // One whole response: its headers, then Content-Length bytes.
@@ -1350,7 +1357,7 @@ TEST_F(HttpServerTest, ClosingAStreamDuringPrefillFreesItsSession) {
   const std::string request = post_head("/v1/completions", body.size()) + body;
   const int fd = connect_loopback(port());
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(send_whole(fd, request));
   for (int i = 0; i < 200 && metric_value(http_get(port(), "/metrics").body, "colibri_active_sessions") < 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const std::string got = read_until(fd, 100, [](const std::string&) { return false; });
@@ -1558,7 +1565,7 @@ TEST(HttpListenTest, AClientThatStopsReadingIsDroppedAsASlowClient) {
     const std::string body =
         json{{"prompt", "x"}, {"max_tokens", 16000}, {"ignore_eos", true}, {"stream", true}, {"logprobs", 20}}.dump();
     const std::string request = post_head("/v1/completions", body.size()) + body;
-    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    ASSERT_TRUE(send_whole(fd, request));
     // Never read. The session must come back while the socket is still open.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_LT(seconds_until_idle(server->port(), 15), 10.0);
