@@ -59,9 +59,11 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
     free_.push_back(pool_.back().get());
   }
   context_ = pool_.front()->max_context();
-  prefill_chunk_ = std::clamp(options_.prefill_chunk, 1, std::min(kMaxPrefillChunk, context_));
-  prefill_chunk_idle_ =
-      std::clamp(options_.prefill_chunk_idle, prefill_chunk_, std::max(prefill_chunk_, std::min(kMaxPrefillChunk, context_)));
+  // One step can take prompt tokens of several sessions, each at most its context.
+  const std::int32_t most_prompt_tokens = static_cast<std::int32_t>(
+      std::min<std::int64_t>(kMaxPrefillChunk, std::int64_t{context_} * options_.max_sessions));
+  prefill_chunk_ = std::clamp(options_.prefill_chunk, 1, most_prompt_tokens);
+  prefill_chunk_idle_ = std::clamp(options_.prefill_chunk_idle, prefill_chunk_, most_prompt_tokens);
   const std::int32_t capacity = options_.max_sessions + prefill_chunk_idle_;
   batch_ = std::make_unique<BatchDecoder>(model_, capacity, team_.get(), context_, options_.expert_store.get());
   metrics_.set_expert_store(options_.expert_store);

@@ -61,11 +61,12 @@ class SchedulerTest : public ::testing::Test {
 
   // Four 6-token prompts queued before the first step, 5 tokens each: the
   // scheduler steps the run took.
-  static std::uint64_t burst_steps(std::int32_t prefill_chunk, std::int32_t prefill_chunk_idle) {
+  static std::uint64_t burst_steps(std::int32_t prefill_chunk, std::int32_t prefill_chunk_idle,
+                                   std::int32_t context = 256) {
     Metrics metrics;
     SchedulerOptions options;
     options.max_sessions = 4;
-    options.context = 256;
+    options.context = context;
     options.prefill_chunk = prefill_chunk;
     options.prefill_chunk_idle = prefill_chunk_idle;
     Scheduler scheduler(model_, options, metrics);
@@ -294,6 +295,13 @@ TEST_F(SchedulerTest, ABurstIsPrefilledInIdleChunksWhileNothingDecodes) {
   // checks that the idle chunk is not used while a stream decodes.)
   EXPECT_LE(burst_steps(4, 24), 1u + 5u + 1u);
   EXPECT_GE(burst_steps(4, 0), 6u + 5u);
+}
+
+TEST_F(SchedulerTest, AnIdleChunkMayExceedOneSessionsContext) {
+  // The chunk is shared by several sessions' prompts, so one session's
+  // context does not bound it: four 6-token prompts in 16-position sessions
+  // still go in one 24-token step (bounded by 16, the burst took 8 steps).
+  EXPECT_LE(burst_steps(4, 24, 16), 1u + 5u + 1u);
 }
 
 TEST(PromptTokensPerStep, TheIdleChunkWhileFewerDecodeThanWait) {
