@@ -83,6 +83,14 @@ const std::array kOptions = {
                "The batch buffers are sized for max_sessions plus the larger chunk (about 0.3 MB per token "
                "on an OLMoE-1B-7B shape).",
                Reload::Hot},
+    OptionSpec{"burst_window_ms", &C::burst_window_ms, 0.0, 1000.0, "",
+               "How long the first step of an idle server waits for more requests: it starts once no "
+               "request has arrived for this many milliseconds, every session is taken, or ten windows "
+               "have passed. Requests that arrive together (a burst of clients, a batch job) then share "
+               "one prefill pass of up to prefill_chunk_idle tokens, instead of the first few going alone "
+               "and the rest in prefill_chunk steps beside them. A lone request on an idle server waits "
+               "this long more for its first token. 0: the first step starts at once.",
+               Reload::Hot},
     OptionSpec{"prefill_activations", &C::prefill_activations, 0, 0, "same|int8-ffn",
                "How prompt tokens are multiplied (8-bit weights). int8-ffn: one int8 plane for the FFN "
                "gate and up products of prompt tokens (half of an MoE token's arithmetic at twice the "

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cstring>
 #include <fstream>
@@ -218,6 +219,7 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   generation->kv_cache_bytes = static_cast<std::uint64_t>(kv);
   options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
   options.prefill_chunk_idle = static_cast<std::int32_t>(config.prefill_chunk_idle);
+  options.burst_window = std::chrono::microseconds(std::llround(config.burst_window_ms * 1000));
   options.prefill_modes =
       config.prefill_activations == "int8-ffn" ? std::optional<ActivationModes>(kPrefillInt8Ffn) : std::nullopt;
   if (config.decode_activations == "int8-ffn") options.decode_modes = kPrefillInt8Ffn;

@@ -151,6 +151,7 @@ void Scheduler::run() {
     {
       std::unique_lock lock(mutex_);
       if (active_.empty() && queue_.empty() && !stopping_) wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (active_.empty() && options_.burst_window.count() > 0) gather_burst(lock);
       stopping = stopping_;
       // Queued requests whose client left or whose wait ran out end here, so
       // a full queue cannot be held by requests nobody waits for.
@@ -241,6 +242,14 @@ void Scheduler::run() {
       std::erase_if(active_, [](const auto& job) { return job->done; });
       active_count_.store(active_.size(), std::memory_order_relaxed);
     }
+  }
+}
+
+void Scheduler::gather_burst(std::unique_lock<std::mutex>& lock) {
+  const auto give_up = Clock::now() + kBurstWindowsAtMost * options_.burst_window;
+  for (std::size_t seen = queue_.size(); !stopping_ && seen < free_.size(); seen = queue_.size()) {
+    const auto quiet_until = std::min(Clock::now() + options_.burst_window, give_up);
+    if (!wake_.wait_until(lock, quiet_until, [&] { return stopping_ || queue_.size() != seen; })) return;
   }
 }
 

@@ -47,7 +47,12 @@ struct SchedulerOptions {
   // first few): the delay falls on few streams, the gain on more requests,
   // and larger passes read each weight once for more tokens. 0 or less than
   // prefill_chunk: prefill_chunk. See prompt_tokens_per_step.
-  std::int32_t prefill_chunk_idle = 256;
+  std::int32_t prefill_chunk_idle = 512;
+  // The first step after the scheduler was idle waits until no request has
+  // arrived for this long (at most kBurstWindowsAtMost windows, or until every
+  // session is taken), so requests arriving together share one pass rather
+  // than the first few going alone and the rest in small chunks. Zero: none.
+  std::chrono::microseconds burst_window{0};
   // Activation modes of a request's prompt tokens (its last one's logits
   // included), as Session::set_prefill_activation_modes, whose default this
   // is; its generated tokens use decode_modes. Null: decode_modes throughout.
@@ -87,6 +92,9 @@ class Scheduler {
   // position: its session takes at most this many prompt tokens per step, into
   // a buffer of this many rows of the vocabulary allocated when it starts.
   static constexpr std::int32_t kScoredPromptTokensPerStep = 16;
+  // A steady trickle of requests cannot hold an idle server's first step back
+  // longer than this many burst windows.
+  static constexpr int kBurstWindowsAtMost = 10;
 
   Scheduler(std::shared_ptr<const Model> model, SchedulerOptions options, Metrics& metrics);
   ~Scheduler();
@@ -114,6 +122,8 @@ class Scheduler {
   using Clock = std::chrono::steady_clock;
 
   void run();
+  // Waits (mutex_ held through `lock`) for the rest of a burst; see burst_window.
+  void gather_burst(std::unique_lock<std::mutex>& lock);
   void start_job(Job& job);
   // Adds the job's next prompt chunk to the step's batch.
   // Queues up to `budget` of the job's next prompt tokens; returns how many.
