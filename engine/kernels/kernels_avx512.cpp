@@ -403,6 +403,7 @@ void q4_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin,
 // through it from L1/L2 while it is streamed from memory once.
 
 constexpr size_t kQ8R16Prefetch = 4096;  // bytes ahead in the block stream (best of 1-8 KB measured)
+constexpr size_t kQ8R16L2Prefetch = 4 * kQ8R16Prefetch;  // into L2 (2x, 4x, 8x measured: 4x best)
 
 // acc += dpbusd(w, the 4 bytes at x broadcast), in place. As an intrinsic,
 // GCC 12 copies every accumulator through a second register around each
@@ -474,6 +475,11 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
       for (int k = 0; k < S; ++k) {
         const std::int8_t* chunk = values[k] + c * kQ8R16Rows;
         _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
+        // With 2-4 vectors (a batched decode step's experts) the arithmetic per
+        // line is long enough that the 4 KB lead no longer hides DRAM: a second
+        // fetch into L2 four leads ahead keeps more lines in flight (16 sessions,
+        // colibri-batch-bench: 1.29x; a lone stream unchanged; docs/KERNELS.md).
+        _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16L2Prefetch, _MM_HINT_T1);
         const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(chunk), flip);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
