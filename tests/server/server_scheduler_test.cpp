@@ -59,28 +59,43 @@ class SchedulerTest : public ::testing::Test {
     return out;
   }
 
-  // Four 6-token prompts queued before the first step, 5 tokens each: the
-  // scheduler steps the run took.
+  // Four 6-token prompts of 5 tokens each, queued before the first step (gap
+  // zero) or submitted `gap` apart to a running scheduler: the steps the run took.
+  static std::uint64_t run_burst(const SchedulerOptions& options, std::chrono::milliseconds gap = {}) {
+    Metrics metrics;
+    Scheduler scheduler(model_, options, metrics);
+    if (gap.count() > 0) scheduler.start();
+    std::vector<std::shared_ptr<StreamChannel>> channels;
+    for (std::int32_t i = 0; i < 4; ++i) {
+      if (i > 0) std::this_thread::sleep_for(gap);
+      auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
+      EXPECT_TRUE(channel.ok());
+      if (channel.ok()) channels.push_back(*channel);
+    }
+    if (gap.count() == 0) scheduler.start();
+    for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
+    EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
+    scheduler.stop();
+    return metrics.scheduler_steps.value();
+  }
+
   static std::uint64_t burst_steps(std::int32_t prefill_chunk, std::int32_t prefill_chunk_idle,
                                    std::int32_t context = 256) {
-    Metrics metrics;
     SchedulerOptions options;
     options.max_sessions = 4;
     options.context = context;
     options.prefill_chunk = prefill_chunk;
     options.prefill_chunk_idle = prefill_chunk_idle;
-    Scheduler scheduler(model_, options, metrics);
-    std::vector<std::shared_ptr<StreamChannel>> channels;
-    for (std::int32_t i = 0; i < 4; ++i) {
-      auto channel = scheduler.submit(job({40 + i, 68, 423, 78, 278, 260}, 5));
-      EXPECT_TRUE(channel.ok());
-      if (channel.ok()) channels.push_back(*channel);
-    }
-    scheduler.start();
-    for (auto& channel : channels) EXPECT_EQ(drain(*channel).tokens.size(), 5u);
-    EXPECT_EQ(metrics.prompt_tokens.value(), 24u);
-    scheduler.stop();
-    return metrics.scheduler_steps.value();
+    return run_burst(options);
+  }
+
+  // Two small sessions and a burst window.
+  static SchedulerOptions windowed(std::chrono::milliseconds window) {
+    SchedulerOptions options;
+    options.max_sessions = 2;
+    options.context = 64;
+    options.burst_window = window;
+    return options;
   }
 
   static std::shared_ptr<const Model> model_;
@@ -304,58 +319,25 @@ TEST_F(SchedulerTest, AnIdleChunkMayExceedOneSessionsContext) {
   EXPECT_LE(burst_steps(4, 24, 16), 1u + 5u + 1u);
 }
 
-// Four 6-token prompts of 5 tokens each, submitted `gap` apart to a running
-// scheduler with the given burst window: the steps the run took.
-std::uint64_t steps_of_spaced_burst(const std::shared_ptr<const Model>& model, std::chrono::milliseconds window,
-                                    std::chrono::milliseconds gap) {
-  Metrics metrics;
-  SchedulerOptions options;
-  options.max_sessions = 4;
-  options.context = 256;
-  options.burst_window = window;
-  Scheduler scheduler(model, options, metrics);
-  scheduler.start();
-  std::vector<std::shared_ptr<StreamChannel>> channels;
-  for (std::int32_t i = 0; i < 4; ++i) {
-    if (i > 0) std::this_thread::sleep_for(gap);
-    GenerationJobSpec spec;
-    spec.prompt = {40 + i, 68, 423, 78, 278, 260};
-    spec.max_tokens = 5;
-    auto channel = scheduler.submit(std::move(spec));
-    EXPECT_TRUE(channel.ok());
-    if (channel.ok()) channels.push_back(*channel);
-  }
-  for (auto& channel : channels) {
-    std::size_t tokens = 0;
-    for (;;) {
-      auto batch = channel->wait(std::chrono::milliseconds(50));
-      for (auto& chunk : batch.chunks) tokens += chunk.tokens.size();
-      if (batch.result) break;
-    }
-    EXPECT_EQ(tokens, 5u);
-  }
-  scheduler.stop();
-  return metrics.scheduler_steps.value();
-}
-
 TEST_F(SchedulerTest, RequestsArrivingWithinTheBurstWindowShareTheFirstStep) {
   // 30 ms apart, each within the 500 ms window of the one before: one step
   // prefills all four. Without a window the first prompt's pass starts at once
   // (the tiny model's step takes well under a millisecond) and the others
   // follow in steps of their own.
-  EXPECT_LE(steps_of_spaced_burst(model_, std::chrono::milliseconds(500), std::chrono::milliseconds(30)), 1u + 5u + 1u);
-  EXPECT_GT(steps_of_spaced_burst(model_, std::chrono::milliseconds(0), std::chrono::milliseconds(30)), 1u + 5u + 1u);
+  SchedulerOptions options;
+  options.max_sessions = 4;
+  options.context = 256;
+  options.burst_window = std::chrono::milliseconds(500);
+  EXPECT_LE(run_burst(options, std::chrono::milliseconds(30)), 1u + 5u + 1u);
+  options.burst_window = std::chrono::milliseconds(0);
+  EXPECT_GT(run_burst(options, std::chrono::milliseconds(30)), 1u + 5u + 1u);
 }
 
 TEST_F(SchedulerTest, TheBurstWindowEndsWhenEverySessionIsTaken) {
   // A burst that fills every session cannot grow: the first step starts at
   // once instead of after the (here 100 s) window.
   Metrics metrics;
-  SchedulerOptions options;
-  options.max_sessions = 2;
-  options.context = 64;
-  options.burst_window = std::chrono::seconds(100);
-  Scheduler scheduler(model_, options, metrics);
+  Scheduler scheduler(model_, windowed(std::chrono::seconds(100)), metrics);
   auto first = scheduler.submit(job({40, 68, 423}, 3));
   auto second = scheduler.submit(job({41, 68, 423}, 3));
   ASSERT_TRUE(first.ok() && second.ok());
@@ -369,11 +351,7 @@ TEST_F(SchedulerTest, TheBurstWindowEndsWhenEverySessionIsTaken) {
 
 TEST_F(SchedulerTest, StopEndsTheBurstWindow) {
   Metrics metrics;
-  SchedulerOptions options;
-  options.max_sessions = 2;
-  options.context = 64;
-  options.burst_window = std::chrono::seconds(100);
-  Scheduler scheduler(model_, options, metrics);
+  Scheduler scheduler(model_, windowed(std::chrono::seconds(100)), metrics);
   scheduler.start();
   auto lone = scheduler.submit(job({40, 68, 423}, 3));
   ASSERT_TRUE(lone.ok());
