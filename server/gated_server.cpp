@@ -32,6 +32,11 @@ using Clock = ConnectionGate::Clock;
 // default allows 32 KB too); with the body limit it also bounds what one
 // request may make the server read: headers past it are never parsed.
 constexpr std::size_t kHeaderPeekBytes = 32 * 1024;
+// Within those 32 KB, at most this many header fields and this long a line
+// (cpp-httplib 0.11 parses any number into its map; RELIABILITY.md row 59,
+// after the count cap vLLM added for CVE-2025-48956).
+constexpr std::size_t kMaxHeaderFields = 100;
+constexpr std::size_t kMaxHeaderLineBytes = 8 * 1024;
 // More waiting connections than this, and new ones are closed at once.
 constexpr std::size_t kMaxWaiting = 4096;
 // Past this many, the longest-waiting are closed early, down to kShedTo.
@@ -267,6 +272,18 @@ ConnectionGate::Peek ConnectionGate::peek_headers(int fd, std::size_t body_limit
   } else {
     return {static_cast<std::size_t>(n) == sizeof(buffer) ? Headers::TooLarge : Headers::Partial};
   }
+  {
+    // Lines after the request line, the blank one that ends them excluded.
+    std::size_t fields = 0, at = text.find('\n') + 1;
+    while (at < end) {
+      const std::size_t next = text.find('\n', at);
+      const std::size_t line = (next == std::string_view::npos || next > end ? end : next) - at;
+      if (line > kMaxHeaderLineBytes) return {Headers::TooManyFields};
+      if (line > 1) ++fields;  // "\r" alone is the blank line
+      at = next == std::string_view::npos ? end : next + 1;
+    }
+    if (fields > kMaxHeaderFields) return {Headers::TooManyFields};
+  }
   // The body too, when it is small and its length known. Not for a client
   // that waits for "100 Continue" before sending it (curl does above 1 KB):
   // the worker answers that.
@@ -296,6 +313,12 @@ void ConnectionGate::refuse_large_headers(int fd) {
          "headers_too_large");
 }
 
+void ConnectionGate::refuse_header_fields(int fd) {
+  counts_->headers_too_large.fetch_add(1, std::memory_order_relaxed);
+  refuse(fd, 431, "Request Header Fields Too Large",
+         "the request has more than 100 header fields, or a header line over 8 KB", "headers_too_large");
+}
+
 void ConnectionGate::refuse_unknown_length(int fd) {
   counts_->length_required.fetch_add(1, std::memory_order_relaxed);
   refuse(fd, 411, "Length Required",
@@ -306,6 +329,7 @@ bool ConnectionGate::turn_away(int fd, Headers state) {
   switch (state) {
     case Headers::Closed: close_connection(fd); return true;
     case Headers::TooLarge: refuse_large_headers(fd); return true;
+    case Headers::TooManyFields: refuse_header_fields(fd); return true;
     case Headers::LengthRequired: refuse_unknown_length(fd); return true;
     default: return false;
   }
@@ -578,6 +602,9 @@ bool GatedServer::process_and_close_socket(socket_t sock) {
       break;
     case ConnectionGate::Headers::TooLarge:
       gate_.refuse_large_headers(sock);
+      break;
+    case ConnectionGate::Headers::TooManyFields:
+      gate_.refuse_header_fields(sock);
       break;
     default:
       park(sock, 0);

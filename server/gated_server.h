@@ -69,11 +69,12 @@ class ConnectionGate {
   void stop();
   // Answers 431 and closes fd.
   void refuse_large_headers(int fd);
+  void refuse_header_fields(int fd);
   // Answers 411 and closes fd.
   void refuse_unknown_length(int fd);
   std::shared_ptr<const Counts> counts() const { return counts_; }
 
-  enum class Headers { Complete, Partial, None, Closed, TooLarge, LengthRequired, LargeBody };
+  enum class Headers { Complete, Partial, None, Closed, TooLarge, TooManyFields, LengthRequired, LargeBody };
   struct Peek {
     Headers state = Headers::None;
     std::size_t request_bytes = 0;  // LargeBody: request line, headers and body
@@ -82,7 +83,8 @@ class ConnectionGate {
   // line and headers, and the body too when Content-Length declares one of
   // at most 64 KB with them (larger bodies, and clients that expect
   // "100 Continue", are read by the worker). TooLarge: more than a request
-  // line and headers may take, and no end of them. LengthRequired: a POST,
+  // line and headers may take, and no end of them. TooManyFields: whole
+  // headers of more than 100 fields, or with a line over 8 KB. LengthRequired: a POST,
   // PUT, PATCH or DELETE with neither Content-Length nor Transfer-Encoding,
   // whose body cpp-httplib 0.11 would read until the client closes (RFC 9112
   // says such a request has none; `curl -X POST URL` sends that). LargeBody:

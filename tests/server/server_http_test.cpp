@@ -591,19 +591,29 @@ TEST_F(HttpServerTest, ChatEqualsEngineGreedyStreamingAndNot) {
   EXPECT_EQ(body["usage"]["prompt_tokens"], prompt.size());
 
   request["stream"] = true;
+  request["stream_options"] = {{"include_usage", true}};
   auto stream = http_stream(port(), "/v1/chat/completions", request);
   ASSERT_EQ(stream.status, 200);
   ASSERT_TRUE(stream.done);
-  ASSERT_GE(stream.events.size(), 2u);
+  ASSERT_GE(stream.events.size(), 3u);
   EXPECT_EQ(stream.events[0]["choices"][0]["delta"]["role"], "assistant");
-  EXPECT_EQ(stream.events[0]["object"], "chat.completion.chunk");
+  // Every chunk carries the same id, the usage chunk included (RELIABILITY.md row 62).
+  const std::string id = stream.events[0]["id"];
+  EXPECT_EQ(id.rfind("chatcmpl-", 0), 0u) << id;
   std::string text;
-  for (std::size_t i = 1; i < stream.events.size(); ++i) {
+  for (std::size_t i = 0; i < stream.events.size(); ++i) {
+    EXPECT_EQ(stream.events[i]["id"], id) << "chunk " << i;
+    EXPECT_EQ(stream.events[i]["object"], "chat.completion.chunk") << "chunk " << i;
+    if (i == 0 || i + 1 == stream.events.size()) continue;
     EXPECT_FALSE(stream.events[i]["choices"][0]["delta"].contains("role"));
     text += stream.events[i]["choices"][0]["delta"].value("content", "");
   }
   EXPECT_EQ(text, expected.text);
-  EXPECT_EQ(stream.events.back()["choices"][0]["finish_reason"], body["choices"][0]["finish_reason"]);
+  const json& last_choice = stream.events[stream.events.size() - 2]["choices"][0];
+  EXPECT_EQ(last_choice["finish_reason"], body["choices"][0]["finish_reason"]);
+  const json& usage = stream.events.back();
+  EXPECT_TRUE(usage["choices"].empty()) << usage;
+  EXPECT_EQ(usage["usage"], body["usage"]);
 }
 
 TEST_F(HttpServerTest, SpecialTokensInChatContentStayText) {
@@ -1425,6 +1435,39 @@ TEST(HttpListenTest, AHeaderFloodGets431) {
   EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
                          "colibri_http_connections_refused_total{reason=\"headers_too_large\"}"),
             1);
+}
+
+// Within the 32 KB: at most 100 header fields, no line over 8 KB (RELIABILITY.md row 59).
+TEST(HttpListenTest, MoreThan100HeaderFieldsOrAnOver8KbLineGet431) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  auto answer = [&](const std::string& headers) {
+    const int fd = connect_loopback(server->port());
+    EXPECT_GE(fd, 0);
+    const std::string request = "GET /health HTTP/1.1\r\n" + headers + "Connection: close\r\n\r\n";
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    const std::string got = read_until_closed(fd, 5000);
+    close(fd);
+    return got;
+  };
+  auto fields = [](int n) {  // n fields with the Connection: close answer() adds
+    std::string out = "Host: x\r\n";
+    for (int i = 2; i < n; ++i) out += "X-Field-" + std::to_string(i) + ": v\r\n";
+    return out;
+  };
+  std::string got = answer(fields(100));
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 200);
+  got = answer(fields(101));
+  EXPECT_EQ(got.rfind("HTTP/1.1 431", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(got.find("more than 100 header fields"), std::string::npos) << got.substr(0, 300);
+  got = answer("Host: x\r\nX-Long: " + std::string(8 * 1024, 'a') + "\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 431", 0), 0u) << got.substr(0, 200);
+  got = answer("Host: x\r\nX-Long: " + std::string(8 * 1024 - 12, 'a') + "\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 200);
+  EXPECT_EQ(metric_value(http_get(server->port(), "/metrics").body,
+                         "colibri_http_connections_refused_total{reason=\"headers_too_large\"}"),
+            2);
 }
 
 // `curl -X POST URL` sends a POST with neither Content-Length nor
