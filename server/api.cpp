@@ -1,5 +1,7 @@
 #include "api.h"
 
+#include "core/utf8.h"
+
 namespace colibri::server {
 
 namespace {
@@ -14,6 +16,13 @@ ApiError make(int status, std::string type, std::string message, std::string cod
 }
 
 }  // namespace
+
+std::string quote_untrusted(std::string_view text) {
+  constexpr std::size_t kMax = 64;
+  std::string out = utf8_lossy(text.substr(0, kMax));
+  if (text.size() > kMax) out += "...";
+  return out;
+}
 
 ApiError ApiError::invalid(std::string message, std::string param, std::string code) {
   ApiError error = make(400, "invalid_request_error", std::move(message), std::move(code));

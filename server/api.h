@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -40,6 +41,10 @@ struct ApiError {
 
   nlohmann::json to_json() const;
 };
+
+// A client's string as error messages quote it: at most 64 bytes (then
+// "..."), invalid UTF-8 replaced, so an error never reflects a large payload.
+std::string quote_untrusted(std::string_view text);
 
 // Either a value or an ApiError; what every Service call returns instead of
 // throwing.

@@ -146,7 +146,7 @@ Expected<std::vector<std::int32_t>> ChatTemplate::apply(const std::vector<ChatMe
   for (std::size_t i = 0; i < messages.size(); ++i) {
     if (!known_role(messages[i].role))
       return ApiError::invalid(fmt::format("messages[{}].role \"{}\" is not one of system, user, assistant", i,
-                                           messages[i].role),
+                                           quote_untrusted(messages[i].role)),
                                fmt::format("messages[{}].role", i));
   }
   switch (format_) {

@@ -135,11 +135,12 @@ void parse_logit_bias(Fields& f, std::vector<std::pair<std::int64_t, double>>& o
     std::int64_t id = 0;
     const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     if (key.empty() || ec != std::errc() || end != key.data() + key.size()) {
-      f.fail("logit_bias", fmt::format("logit_bias keys must be token ids written as decimal integers, got '{}'", key));
+      f.fail("logit_bias", fmt::format("logit_bias keys must be token ids written as decimal integers, got '{}'",
+                                       quote_untrusted(key)));
       return;
     }
     if (!bias.is_number()) {
-      f.fail("logit_bias", fmt::format("logit_bias['{}'] must be a number, got {}", key, type_of(bias)));
+      f.fail("logit_bias", fmt::format("logit_bias['{}'] must be a number, got {}", quote_untrusted(key), type_of(bias)));
       return;
     }
     out.emplace_back(id, bias.get<double>());
@@ -351,7 +352,7 @@ Expected<HttpGeneration> parse_anthropic_messages(const nlohmann::json& body, bo
         f.fail_param(fmt::format("messages[{}].role", i),
                      fmt::format("messages[{}].role must be user or assistant (the system prompt is the top-level "
                                  "system field), got \"{}\"",
-                                 i, (*messages)[i].role));
+                                 i, quote_untrusted((*messages)[i].role)));
     r.messages.insert(r.messages.end(), messages->begin(), messages->end());
   }
   r.temperature = f.number("temperature");

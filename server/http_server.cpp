@@ -660,8 +660,8 @@ void HttpServer::install() {
                return send_error(res, ApiError::invalid(fmt::format("\"{}\" is not accepted: the reload reads the "
                                                                     "model path from the configuration (set \"model\" "
                                                                     "in the config file, then reload)",
-                                                                    key),
-                                                        key));
+                                                                    quote_untrusted(key)),
+                                                        quote_untrusted(key)));
              }
            }
            if (host_ == nullptr) return send_error(res, ApiError::unavailable("reloading is not available", 5));

@@ -18,15 +18,6 @@ namespace {
 constexpr std::size_t kMaxStopBytes = 1024;
 constexpr std::int64_t kMaxRouteExperts = 65536;
 
-// Untrusted strings quoted in messages are cut short so an error never
-// reflects a large payload.
-std::string quoted(std::string_view text) {
-  constexpr std::size_t kMax = 64;
-  std::string out = utf8_lossy(text.substr(0, kMax));
-  if (text.size() > kMax) out += "...";
-  return out;
-}
-
 std::optional<ApiError> check_range(std::optional<double> value, std::string_view param, double min, double max,
                                     bool min_exclusive, std::string_view meaning) {
   if (!value) return std::nullopt;
@@ -222,7 +213,7 @@ std::optional<ModelInfo> Service::model_info() const {
 std::optional<ApiError> Service::check_model(const Generation& generation, std::string_view requested) const {
   if (requested.empty() || requested == generation.id) return std::nullopt;
   ApiError error = ApiError::not_found(
-      fmt::format("the model \"{}\" does not exist; this server serves \"{}\" (GET /v1/models)", quoted(requested),
+      fmt::format("the model \"{}\" does not exist; this server serves \"{}\" (GET /v1/models)", quote_untrusted(requested),
                   generation.id),
       "model_not_found");
   error.param = "model";

@@ -162,6 +162,17 @@ TEST_F(BadInputTest, TemperatureNegativeOrNotANumber) {
   expect_error("/v1/completions", R"({"prompt": "x", "repetition_penalty": 0})", 400, "repetition_penalty");
   expect_error("/v1/completions", R"({"prompt": "x", "top_k": -2})", 400, "top_k");
   expect_error("/v1/completions", R"({"prompt": "x", "seed": -1})", 400, "seed");
+  expect_error("/v1/completions", R"({"prompt": "x", "seed": 18446744073709551616})", 400, "seed");
+  expect_error("/v1/completions", R"({"prompt": "x", "top_p": 1.5})", 400, "top_p");
+  expect_error("/v1/completions", R"({"prompt": "x", "min_p": -0.1})", 400, "min_p");
+  expect_error("/v1/completions", R"({"prompt": "x", "frequency_penalty": -2.5})", 400, "frequency_penalty");
+  expect_error("/v1/completions", R"({"prompt": "x", "frequency_penalty": "1"})", 400, "frequency_penalty");
+  // The edges of each range are accepted.
+  EXPECT_EQ(http_post(port(), "/v1/completions",
+                      std::string(R"({"prompt": "x", "max_tokens": 1, "seed": 18446744073709551615, "top_p": 1, )"
+                                  R"("min_p": 0, "frequency_penalty": -2, "presence_penalty": 2, "temperature": 2})"))
+                .status,
+            200);
 }
 
 TEST_F(BadInputTest, PromptLongerThanTheContext) {
@@ -173,6 +184,10 @@ TEST_F(BadInputTest, PromptLongerThanTheContext) {
   const std::string message = error["message"];
   EXPECT_NE(message.find("5000"), std::string::npos) << message;
   EXPECT_NE(message.find("4096"), std::string::npos) << message;
+  // A prompt that fills the context leaves no position for the output.
+  auto full = expect_error("/v1/completions", json{{"prompt", std::vector<int>(4096, 42)}}.dump(), 400, "prompt");
+  EXPECT_EQ(full["code"], "context_length_exceeded");
+  EXPECT_EQ(full["n_prompt_tokens"], 4096);
   std::string text;
   for (int i = 0; i < 6000; ++i) text += " w" + std::to_string(i % 10);
   auto chat = expect_error("/v1/chat/completions",
@@ -185,6 +200,32 @@ TEST_F(BadInputTest, UnknownModel) {
   EXPECT_EQ(error["code"], "model_not_found");
   expect_error("/v1/chat/completions", R"({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})", 404);
   expect_error("/tokenize", R"({"model": "gpt-4", "prompt": "x"})", 404);
+  // One model is served: an empty name means it, as an absent one does.
+  EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"model": "", "prompt": "x", "max_tokens": 1})")).status,
+            200);
+}
+
+// A client's string quoted in an error (a model name, a role, a logit_bias key)
+// is cut to 64 bytes, so an error never reflects a large payload.
+TEST_F(BadInputTest, ErrorsQuoteAtMost64BytesOfAClientsString) {
+  const std::string big(10000, 'm');
+  const std::string quoted = std::string(64, 'm') + "...";
+  auto message = [](const json& error) { return error["message"].get<std::string>(); };
+  auto e = expect_error("/v1/completions", json{{"model", big}, {"prompt", "x"}}.dump(), 404);
+  EXPECT_NE(message(e).find(quoted), std::string::npos) << e;
+  EXPECT_LT(message(e).size(), 300u);
+  e = expect_error("/v1/chat/completions", json{{"messages", {{{"role", big}, {"content", "x"}}}}}.dump(), 400,
+                   "messages[0].role");
+  EXPECT_NE(message(e).find(quoted), std::string::npos) << e;
+  EXPECT_LT(message(e).size(), 300u);
+  e = expect_error("/v1/messages",
+                   json{{"max_tokens", 4}, {"messages", {{{"role", big}, {"content", "x"}}}}}.dump(), 400,
+                   "messages[0].role");
+  EXPECT_NE(message(e).find(quoted), std::string::npos) << e;
+  EXPECT_LT(message(e).size(), 300u);
+  e = expect_error("/v1/completions", json{{"prompt", "x"}, {"logit_bias", {{big, 1}}}}.dump(), 400, "logit_bias");
+  EXPECT_NE(message(e).find(quoted), std::string::npos) << e;
+  EXPECT_LT(message(e).size(), 300u);
 }
 
 TEST_F(BadInputTest, BodyOverTheLimit) {
@@ -206,6 +247,16 @@ TEST_F(BadInputTest, UnsupportedOptionsAreRefusedByName) {
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "tools": [{}]})", 400, "tools");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop");
   expect_error("/v1/completions", R"({"prompt": "x", "stop": [""]})", 400, "stop");
+  expect_error("/v1/completions", R"({"prompt": "x", "stop": 42})", 400, "stop");
+  auto long_stop = expect_error("/v1/completions", json{{"prompt", "x"}, {"stop", {std::string(1025, 'a')}}}.dump(),
+                                400, "stop");
+  EXPECT_NE(long_stop["message"].get<std::string>().find("at most 1024"), std::string::npos) << long_stop;
+  EXPECT_EQ(http_post(port(), "/v1/completions",
+                      json{{"prompt", "x"}, {"max_tokens", 1}, {"stop", {std::string(1024, 'a')}}}.dump())
+                .status,
+            200);
+  expect_error("/v1/completions", R"({"prompt": "x", "best_of": 2})", 400, "best_of");
+  expect_error("/v1/completions", R"({"prompt": "x", "suffix": "y"})", 400, "suffix");
   EXPECT_EQ(http_post(port(), "/v1/completions", std::string(R"({"prompt": "x", "n": 1, "max_tokens": 2, "user": "u"})")).status, 200);
 }
 
@@ -271,6 +322,20 @@ TEST_F(BadInputTest, LogitBiasOutOfShapeOrRange) {
   EXPECT_NE(message(e).find("token id 99999999 is outside the vocabulary"), std::string::npos) << e;
   expect_error("/v1/chat/completions",
                R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"-3": 1}})", 400, "logit_bias");
+  // Keys are decimal integers and nothing else; values numbers in [-100, 100].
+  for (const char* key : {"1.0", " 1", "", "+1", "0x10", "1e2"}) {
+    e = expect_error("/v1/completions", json{{"prompt", "x"}, {"logit_bias", {{key, 1}}}}.dump(), 400, "logit_bias");
+    EXPECT_NE(message(e).find("decimal integers"), std::string::npos) << key << ": " << e;
+  }
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"12": true}})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("got a boolean"), std::string::npos) << e;
+  expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": {"12": -1000}})", 400, "logit_bias");
+  e = expect_error("/v1/completions", R"({"prompt": "x", "logit_bias": [[12, 1]]})", 400, "logit_bias");
+  EXPECT_NE(message(e).find("must be an object"), std::string::npos) << e;
+  EXPECT_EQ(http_post(port(), "/v1/completions",
+                      std::string(R"({"prompt": "x", "max_tokens": 1, "logit_bias": {"12": -100, "13": 100}})"))
+                .status,
+            200);
 }
 
 TEST(ApiKeyTest, EveryRouteButHealthNeedsTheKey) {
