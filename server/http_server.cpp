@@ -516,6 +516,11 @@ void HttpServer::install() {
         std::string text;
         std::vector<std::int32_t> tokens;
         std::vector<TokenLogprob> logprobs;
+        // Probed every `poll` whether tokens keep coming or not: nothing is
+        // written before the answer, so a client gone while its tokens are
+        // generated is noticed only here (checked only when a wait came back
+        // empty, a generation whose client left ran to its end).
+        auto next_probe = std::chrono::steady_clock::now() + poll;
         for (;;) {
           StreamChannel::Batch batch = channel->wait(poll);
           if (auto damage = job.end_if_damaged(*record)) return send_error(res, *damage);
@@ -542,11 +547,15 @@ void HttpServer::install() {
                                              parsed->return_token_ids ? &tokens : nullptr, result,
                                              std::move(logprobs_value)));
           }
-          if (batch.chunks.empty() && probe.closed()) {
-            channel->cancel();
-            record->finish = "cancelled";
-            res.status = 499;
-            return;
+          const auto now = std::chrono::steady_clock::now();
+          if (batch.chunks.empty() || now >= next_probe) {
+            next_probe = now + poll;
+            if (probe.closed()) {
+              channel->cancel();
+              record->finish = "cancelled";
+              res.status = 499;
+              return;
+            }
           }
         }
       }

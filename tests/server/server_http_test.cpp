@@ -787,6 +787,31 @@ TEST_F(HttpServerTest, ClosingDuringPrefillFreesItsSession) {
   EXPECT_LT(metric_value(metrics, "colibri_prompt_tokens_total"), 100000);
 }
 
+// RELIABILITY.md row 60 after the prompt: a non-streaming request whose client
+// gives up 100 ms into generating 4000 tokens stops generating and frees its
+// session within a second. Nothing was written to the socket, so only the
+// connection probe (every disconnect_poll_ms, 100) can notice. The fixture
+// generates the 4000 tokens in 300-450 ms on the development machine. Until
+// session 19 the probe ran only when no token had come for a poll interval,
+// so such a generation ran to its end.
+TEST_F(HttpServerTest, ClosingANonStreamingRequestWhileItGeneratesFreesItsSession) {
+  const std::string cancelled = "colibri_generations_total{reason=\"cancelled\"}";
+  const std::string generated = "colibri_generated_tokens_total";
+  const std::string before = http_get(port(), "/metrics").body;
+  auto client = make_client(port(), 1);
+  client.set_read_timeout(0, 100000);
+  auto res = client.Post("/v1/completions", json{{"prompt", "long"}, {"max_tokens", 4000}, {"ignore_eos", true}}.dump(),
+                         "application/json");
+  client.stop();
+  ASSERT_FALSE(res) << "the request finished within 100 ms; ask for more tokens";
+  EXPECT_LT(seconds_until_idle(port(), 10), 1.0);
+  const std::string after = http_get(port(), "/metrics").body;
+  EXPECT_EQ(metric_value(after, cancelled), std::max(0.0, metric_value(before, cancelled)) + 1);
+  const double tokens = metric_value(after, generated) - std::max(0.0, metric_value(before, generated));
+  EXPECT_GT(tokens, 0) << "the client gave up before the first token";
+  EXPECT_LT(tokens, 4000) << "the generation ran to its end";
+}
+
 // RELIABILITY.md section 2.2, scenario 6 (a disconnect storm): clients that
 // vanish at several points -- while their prompt is prefilled or queued, after
 // their first tokens -- cost the clients that stay nothing. Every staying
