@@ -528,9 +528,15 @@ Result<GgufTokenizerJson> spm_tokenizer_json(const Gguf& g) {
     std::uint32_t split;  // bytes in the left half
   };
   std::vector<Merge> merges;
+  // Each split of a piece hashes its two halves, so a piece costs its length
+  // squared: one 4 MB piece in a hostile file would stall a load for hours.
+  // Real SentencePiece pieces are a few dozen bytes (Llama 2's longest: 48);
+  // a longer one keeps its id but is never merged into.
+  constexpr std::size_t kMaxMergedPieceBytes = 256;
   for (const auto& [piece, id] : ids) {
     const auto type = (*types)[static_cast<std::size_t>(id)];
     if (type != kNormal && type != kUserDefined) continue;
+    if (piece.size() > kMaxMergedPieceBytes) continue;
     for (std::size_t split = 1; split < piece.size(); ++split) {
       auto left = ids.find(piece.substr(0, split));
       if (left == ids.end()) continue;

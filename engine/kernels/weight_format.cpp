@@ -49,7 +49,8 @@ constexpr std::uint64_t kMaxBytes = 1ull << 40;
 
 std::optional<WeightLayout> weight_layout(WeightFormat format, std::uint64_t rows, std::uint64_t cols,
                                           std::uint32_t group) {
-  if (rows == 0 || cols == 0 || rows > kMaxDim || cols > kMaxDim) return std::nullopt;
+  // Below 2^32 each, so that rows * cols cannot wrap (2^32 x 2^32 made 0).
+  if (rows == 0 || cols == 0 || rows >= kMaxDim || cols >= kMaxDim) return std::nullopt;
   if (rows * cols > kMaxBytes) return std::nullopt;
   WeightLayout layout;
   auto finish = [&](std::size_t end) {

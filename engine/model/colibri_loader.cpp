@@ -127,6 +127,14 @@ class ColibriLoader {
         if (!in_own_block)
           return make_error("{}: tensor '{}' is not in the block of layer {} expert {}", source, t.name,
                             p.layer, p.expert);
+      } else if (t.expert_slot != colibri_format::kNoExpertSlot) {
+        // Every block holds a tensor (the parser's check), so with this one
+        // every block is a routed expert of an MoE layer of the config: the
+        // expert store takes the layer's experts by the block's (layer,
+        // expert), and a block of a dense layer made it take an expert the
+        // layer does not have. A block's tensors also leave memory with it.
+        return make_error("{}: tensor '{}' is in an expert block, but only routed experts' tensors may be", source,
+                          t.name);
       }
       const std::uint8_t* bytes = image->tensor_bytes(t).data();
       if (copy_dense && p.role != TensorRole::Expert && t.size > 0) {

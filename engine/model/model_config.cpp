@@ -17,6 +17,10 @@ constexpr std::int64_t kMaxDim = 1 << 20;
 constexpr std::int64_t kMaxLayers = 1024;
 constexpr std::int64_t kMaxExperts = 4096;
 constexpr std::int64_t kMaxVocab = 1 << 22;
+// Routed experts over all layers (DeepSeek-V3: 58 x 256 = 14 848). A loader
+// plans one entry per expert matrix before it can compare the plan with the
+// file, so 1024 layers of 4096 experts from a few-KB file would cost gigabytes.
+constexpr std::int64_t kMaxRoutedExperts = 1 << 17;
 
 class ConfigReader {
  public:
@@ -144,6 +148,14 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
   if (arch.has_shared_expert)
     COLIBRI_READ(shared_ff, reader.required_int(arch.config_keys.shared_ff, 1, kMaxDim));
 
+  // Each factor is capped, their products are not: 65537 heads of 65536
+  // wrap a 32-bit q width to 65536, which shapes then match.
+  if (static_cast<std::int64_t>(config.n_heads) * config.head_dim > kMaxDim)
+    return make_error("{}: num_attention_heads x head_dim = {} x {} exceeds {}", source, config.n_heads,
+                      config.head_dim, kMaxDim);
+  if (static_cast<std::int64_t>(config.n_layers) * config.n_experts > kMaxRoutedExperts)
+    return make_error("{}: num_hidden_layers x experts = {} x {} exceeds {} experts in all", source, config.n_layers,
+                      config.n_experts, kMaxRoutedExperts);
   if (config.top_k > config.n_experts)
     return make_error("{}: num_experts_per_tok = {} exceeds the {} experts", source, config.top_k,
                       config.n_experts);

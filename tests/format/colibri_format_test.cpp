@@ -150,6 +150,17 @@ std::vector<Malformed> malformed_cases() {
       "invalid shape [16, 8] or group size 0 for format q8");
   add("huge_shape",
       [](Bytes& b) { set_tensor(b, kEmbed, kRowsField, kU64Max / 2); }, "invalid shape [9223372036854775807, 8]");
+  // 2^32 x 2^32 f32 elements: the product wrapped to 0, so a size of 0 passed.
+  add("shape_2p32_squared_size_0",
+      [](Bytes& b) {
+        const std::size_t embed = tensor_index(kEmbed);
+        b[dir_at(b, embed, kFormatField)] = static_cast<std::uint8_t>(WeightFormat::F32);
+        put<std::uint16_t>(b, dir_at(b, embed, kGroupField), 0);
+        set_tensor(b, kEmbed, kRowsField, std::uint64_t{1} << 32);
+        set_tensor(b, kEmbed, kColsField, std::uint64_t{1} << 32);
+        set_tensor(b, kEmbed, kTensorSizeField, 0);
+      },
+      "invalid shape [4294967296, 4294967296] or group size 0 for format f32");
   add("size_inconsistent_with_shape",
       [](Bytes& b) { set_tensor(b, kEmbed, kTensorSizeField, 256); },
       "tensor 'model.embed_tokens.weight': size 256 but a [16, 8] q8 tensor takes 192");
@@ -416,6 +427,30 @@ TEST_F(ColibriFixture, LoadRefusesAFileWithoutATensorTheSpecNeeds) {
   ASSERT_TRUE(parse_colibri(edited, "renamed").ok());
   Error error = load_error(edited);
   EXPECT_NE(error.message.find("missing tensor 'model.norm.weight' required by Mixtral"), std::string::npos)
+      << error.message;
+}
+
+// Only routed experts' tensors may live in an expert block: the final norm
+// moved into the padding of block (1, 7) passes every structural check (and
+// the old loader), but an expert store would evict it with the block.
+TEST_F(ColibriFixture, LoadRefusesATensorOtherThanAnExpertsInABlock) {
+  Bytes edited = bytes_;
+  std::size_t norm = 0, slot = 0;
+  while (image_.tensors[norm].name != "model.norm.weight") ++norm;
+  while (image_.experts[slot].layer != 1 || image_.experts[slot].expert != 7) ++slot;
+  const ColibriExpert& e = image_.experts[slot];
+  std::uint64_t used = 0;
+  for (const auto& t : image_.tensors)
+    if (t.expert_slot == slot) used = std::max(used, t.offset + t.size);
+  const std::uint64_t size = image_.tensors[norm].size;
+  const std::uint64_t at = (used + 63) / 64 * 64;
+  ASSERT_LE(at + size, e.offset + e.size) << "block (1, 7) has no room for the norm in its padding";
+  put<std::uint64_t>(edited, dir_at(edited, norm, kTensorOffsetField), at);
+  put<std::uint32_t>(edited, dir_at(edited, norm, kSlotField), static_cast<std::uint32_t>(slot));
+  reseal(edited);
+  ASSERT_TRUE(parse_colibri(edited, "moved").ok()) << parse_colibri(edited, "moved").error().message;
+  Error error = load_error(edited);
+  EXPECT_NE(error.message.find("tensor 'model.norm.weight' is in an expert block"), std::string::npos)
       << error.message;
 }
 

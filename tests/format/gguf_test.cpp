@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 
 #include <fstream>
@@ -707,6 +708,36 @@ TEST(GgufSynthesis, SentencePieceVocabularyMatchesHuggingFace) {
     EXPECT_EQ(*decoded, expected_text) << c["text"].dump();
   }
   EXPECT_GE(compared, 600);
+}
+
+// Rebuilding merges tries every split of every piece, its halves hashed each
+// time: a 1 MiB piece took hours. Pieces over 256 bytes are not merged into.
+TEST(GgufSynthesis, AHugeSentencePiecePieceDoesNotStallTheLoad) {
+  // More than 20 pieces: libstdc++ looks up fewer by comparing, not hashing.
+  std::vector<std::string> tokens = {"<unk>", "a", "aa", std::string(1 << 20, 'a')};
+  for (int i = 0; i < 60; ++i) tokens.push_back("b" + std::to_string(i));
+  std::vector<float> scores(tokens.size());
+  std::vector<std::int32_t> types(tokens.size(), 1);
+  for (std::size_t i = 0; i < tokens.size(); ++i) scores[i] = -static_cast<float>(i);
+  types[0] = 2;
+  GgufBuilder b;
+  b.kv_string("tokenizer.ggml.model", "llama");
+  b.kv_strings("tokenizer.ggml.tokens", tokens);
+  b.kv_f32s("tokenizer.ggml.scores", scores);
+  b.kv_i32s("tokenizer.ggml.token_type", types);
+  b.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+  b.kv_u32("tokenizer.ggml.bos_token_id", 0);
+  auto bytes = b.build();
+  auto g = parse_gguf(bytes, "spm.gguf");
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  const auto start = std::chrono::steady_clock::now();
+  auto texts = gguf_hf_tokenizer_json(*g);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(texts.ok()) << texts.error().message;
+  EXPECT_LT(seconds, 5.0);
+  const auto tokenizer = nlohmann::json::parse(texts->tokenizer_json);
+  EXPECT_EQ(tokenizer["model"]["merges"].size(), 1u) << "a + a -> aa only";
+  EXPECT_EQ(tokenizer["model"]["vocab"].size(), tokens.size());
 }
 
 TEST(GgufSynthesis, SentencePieceScoresMustMatchTokens) {

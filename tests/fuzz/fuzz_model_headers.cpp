@@ -68,6 +68,10 @@ void check_config(const colibri::ModelConfig& c) {
       c.head_dim <= 0 || c.vocab <= 0 || c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts ||
       c.expert_ff <= 0 || c.layer_is_moe.size() != static_cast<std::size_t>(c.n_layers))
     __builtin_trap();
+  // The products the forward pass sizes buffers with fit an int32.
+  if (static_cast<std::int64_t>(c.n_heads) * c.head_dim > (1 << 20) ||
+      static_cast<std::int64_t>(c.n_layers) * c.n_experts > (1 << 17))
+    __builtin_trap();
 }
 
 void walk_safetensors(const std::vector<colibri::SafetensorsTensor>& tensors) {

@@ -74,6 +74,20 @@ TEST(ModelConfig, WrongTypesAndRangesAreErrors) {
   config = fixture_config("mixtral-tiny");
   config["num_experts_per_tok"] = 9;
   EXPECT_NE(error_of(config).find("exceeds the 8 experts"), std::string::npos);
+  // Products of capped fields are capped too: 65537 heads of 65536 would wrap
+  // the 32-bit q width to 65536.
+  config = fixture_config("mixtral-tiny");
+  config["num_attention_heads"] = 65537;
+  config["num_key_value_heads"] = 1;
+  config["head_dim"] = 65536;
+  EXPECT_NE(error_of(config).find("num_attention_heads x head_dim = 65537 x 65536"), std::string::npos)
+      << error_of(config);
+  config = fixture_config("mixtral-tiny");
+  config["num_hidden_layers"] = 1024;
+  config["num_local_experts"] = 4096;
+  EXPECT_NE(error_of(config).find("num_hidden_layers x experts = 1024 x 4096"), std::string::npos) << error_of(config);
+  config["num_local_experts"] = 128;  // 131 072 in all: still allowed
+  EXPECT_TRUE(parse_hf_config(config.dump(), "config.json").ok()) << error_of(config);
   config = fixture_config("mixtral-tiny");
   config["num_key_value_heads"] = 3;
   EXPECT_NE(error_of(config).find("not a multiple"), std::string::npos);
