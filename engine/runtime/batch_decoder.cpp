@@ -236,7 +236,11 @@ std::int32_t BatchDecoder::acquire_experts(std::int32_t l, std::int32_t begin) {
 
   // The wave: active experts from `begin` on, as many as the slots hold next
   // to the pinned ones (which take no further slot when chosen).
-  const std::uint64_t pinned = store_->options().pinned.size();
+  // Distinct ones: counted with repeats, "0:1,0:1,0:1" took slots the store
+  // had left free, down to a wave of none, and the step looped forever.
+  // open() guarantees slot_count() >= top_k + pinned_count(), so a wave
+  // always takes at least one expert.
+  const std::uint64_t pinned = store_->pinned_count();
   const std::int64_t limit = store_->bounded()
                                  ? static_cast<std::int64_t>(store_->slot_count() - std::min(pinned, store_->slot_count()))
                                  : c.n_experts;

@@ -127,6 +127,9 @@ class ExpertStore {
   const ExpertStoreOptions& options() const { return options_; }
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::uint64_t slot_count() const { return slot_count_; }
+  // Distinct pinned experts, each holding a slot of its own (options().pinned
+  // may name one twice).
+  std::uint64_t pinned_count() const { return pinned_count_; }
   ExpertIo io() const { return io_; }
   // Why the I/O mode in effect differs from the one asked for (empty if not).
   const std::string& io_note() const { return io_note_; }

@@ -19,6 +19,7 @@
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "store/expert_store.h"
+#include "store/store_options.h"
 #include "../format/colibri_test_util.h"
 
 namespace colibri {
@@ -177,6 +178,27 @@ TEST_F(StoreDecodeTest, ABatchNeedingMoreExpertsThanTheBudgetRunsInWaves) {
     EXPECT_EQ(session.position(), static_cast<std::int32_t>(prompt.size()));
     EXPECT_GT((*store)->totals().evictions, 0u);
   }
+}
+
+// A pinned expert named several times takes one slot: the waves were sized
+// with the repeats counted, so with a budget of top_k + 1 slots a wave took
+// no expert and the first step never ended.
+TEST_F(StoreDecodeTest, APinnedExpertNamedTwiceTakesOneSlot) {
+  auto model = convert_and_load("mixtral-tiny", "int8");  // top-2
+  ASSERT_NE(model, nullptr);
+  const auto prompt = first_prompt("mixtral-tiny");
+  const Logits expected = run(model, prompt, 2, nullptr);
+  ExpertStoreOptions options;
+  auto pinned = parse_pinned("0:1, 0:1, 0:1, 0:1");
+  ASSERT_TRUE(pinned.ok());
+  options.pinned = *pinned;
+  options.budget_bytes = slots_budget(*model, 3);  // top_k + the one pinned expert
+  auto store = ExpertStore::open(model, options);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  EXPECT_EQ((*store)->pinned_count(), 1u);
+  const Logits got = run(model, prompt, 2, store->get());
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t p = 0; p < got.size(); ++p) EXPECT_EQ(got[p], expected[p]) << "position " << p;
 }
 
 // A preload changes when experts are read, never what is computed: the same
