@@ -224,7 +224,10 @@ std::int32_t Sampler::sample(std::span<float> logits, std::span<const std::int32
     if (id < vocab_size_) logits[static_cast<std::size_t>(id)] += bias;
   apply_penalties(logits, history);
 
-  if (params_.temperature == 0.0f) {
+  // A temperature so small that 1/T overflows (below about 2.9e-39) is the
+  // limit T -> 0: greedy. Sampled, the best candidate's weight was
+  // exp(0 * inf) = NaN and the draw fell through to the lowest id.
+  if (params_.temperature == 0.0f || !std::isfinite(1.0f / params_.temperature)) {
     // Strict '>' keeps the lowest id on ties and never selects NaN or -inf.
     std::int32_t best_id = kNoToken;
     float best = -std::numeric_limits<float>::infinity();

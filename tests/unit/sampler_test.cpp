@@ -104,6 +104,15 @@ TEST(Sampler, GreedyPicksArgmax) {
   EXPECT_EQ(sample_once(greedy(), {1.0f, 0.0f, 0.0f, 3.0f}), 3);
 }
 
+// A subnormal temperature (valid: finite, >= 0) overflows 1/T; it samples as
+// its limit, greedy, not as the lowest id.
+TEST(Sampler, ATemperatureWhoseInverseOverflowsIsGreedy) {
+  for (float t : {1e-39f, 1e-45f, 2e-39f}) {
+    EXPECT_EQ(sample_once(at_temperature(t), {0.1f, 2.5f, -1.0f, 2.4f}), 1) << t;
+    EXPECT_EQ(sample_once(at_temperature(t), {-5.0f, -3.0f, -4.0f, 7.0f}), 3) << t;
+  }
+}
+
 TEST(Sampler, GreedyTiesGoToLowestId) {
   EXPECT_EQ(sample_once(greedy(), {1.0f, 3.0f, 3.0f, 3.0f}), 1);
   EXPECT_EQ(sample_once(greedy(), {0.0f, 0.0f, 0.0f}), 0);
