@@ -121,6 +121,7 @@ Status ModelHost::load_initial() {
   std::shared_ptr<Generation> generation = *loaded;
   generation->number = next_generation_++;
   generation->scheduler->start();
+  generation->scheduler->publish_metrics();
   service_.swap(generation);
   service_.end_first_load();
   spdlog::info("model {} loaded in {:.2f} s: checksum {}, {} ({} weights, {} MiB, memory {}), KV caches {} MiB "
@@ -313,6 +314,7 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   }
   next->number = next_generation_++;
   next->scheduler->start();
+  next->scheduler->publish_metrics();
   auto previous = service_.swap(next);
   if (service_.draining()) next->scheduler->begin_drain();
   if (previous) retire(std::move(previous));
@@ -340,6 +342,9 @@ void ModelHost::run_unload(const std::string& reason) {
     spdlog::info("unload ({}): no model was loaded", reason);
     return;
   }
+  // The metrics held the store, and through it the model, past the unload.
+  metrics_.set_expert_store(nullptr);
+  metrics_.set_expert_load(nullptr);
   spdlog::info("unload ({}): {} ({}) unloaded; {} running requests finish on it; /ready is 503 until a reload",
                reason, previous->path, previous->checksum, previous->scheduler->active_sessions());
   retire(std::move(previous));

@@ -66,13 +66,11 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
   prefill_chunk_idle_ = std::clamp(options_.prefill_chunk_idle, prefill_chunk_, most_prompt_tokens);
   const std::int32_t capacity = options_.max_sessions + prefill_chunk_idle_;
   batch_ = std::make_unique<BatchDecoder>(model_, capacity, team_.get(), context_, options_.expert_store.get());
-  metrics_.set_expert_store(options_.expert_store);
   items_.reserve(static_cast<std::size_t>(capacity));
   item_jobs_.reserve(static_cast<std::size_t>(capacity));
   const ModelConfig& config = model_->config();
   if (options_.routing_metrics && config.n_experts > 0) {
     expert_load_ = std::make_shared<ExpertLoad>(config.n_layers, config.n_experts);
-    metrics_.set_expert_load(expert_load_);
   }
   session_request_.assign(pool_.size(), nullptr);
   for (std::size_t i = 0; i < pool_.size(); ++i) {
@@ -86,6 +84,11 @@ Scheduler::Scheduler(std::shared_ptr<const Model> model, SchedulerOptions option
 }
 
 Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::publish_metrics() {
+  metrics_.set_expert_store(options_.expert_store);
+  metrics_.set_expert_load(expert_load_);
+}
 
 void Scheduler::start() { thread_ = std::thread([this] { run(); }); }
 

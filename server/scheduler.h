@@ -102,6 +102,10 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   void start();
+  // Points /metrics at this scheduler's routing counts and expert store. For
+  // the scheduler that serves, once it does: one built for a reload that is
+  // then discarded (the file's content unchanged) must not take them.
+  void publish_metrics();
   // Queues a checked request. 429 when max_sessions + max_queue requests are
   // already in the system, 503 while draining or stopping.
   Expected<std::shared_ptr<StreamChannel>> submit(GenerationJobSpec spec);

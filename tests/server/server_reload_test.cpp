@@ -377,6 +377,36 @@ TEST_F(ReloadTest, Sigusr1UnloadsAndSighupLoadsAgain) {
   EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["generation"], 2);
 }
 
+// Routing counts summed over every layer and expert, as /metrics shows them.
+double routed_tokens(int port) {
+  const std::string metrics = http_get(port, "/metrics").body;
+  const std::string prefix = "colibri_expert_tokens_total{";
+  double sum = 0;
+  for (std::size_t at = metrics.find(prefix); at != std::string::npos; at = metrics.find(prefix, at + 1))
+    if (at == 0 || metrics[at - 1] == '\n') sum += std::stod(metrics.substr(metrics.find("} ", at) + 2));
+  return sum;
+}
+
+// A touched file is loaded, found unchanged and not swapped: /metrics keeps
+// showing the serving scheduler's counts. The discarded scheduler took them
+// when it was built, so they read 0 from then on and froze, and the metrics
+// held the discarded model in memory.
+TEST_F(ReloadTest, AnUnchangedFileLeavesTheServedModelsMetrics) {
+  auto server = start();
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  ASSERT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 4}}).status, 200);
+  const double before = routed_tokens(port);
+  ASSERT_GT(before, 0);
+  fs::last_write_time(model_, fs::file_time_type::clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(eventually([&] {
+    return metric_value(http_get(port, "/metrics").body, "colibri_reloads_total{result=\"unchanged\"}") == 1;
+  })) << server->log();
+  EXPECT_EQ(routed_tokens(port), before);
+  ASSERT_EQ(http_post(port, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 4}}).status, 200);
+  EXPECT_GT(routed_tokens(port), before);
+}
+
 // RELIABILITY.md row 79: HTTP listens while the first model loads (held 4 s
 // by the test hook). /health answers 200 "loading", /ready and every request
 // that needs the model get 503 with Retry-After, a reload is refused at once
