@@ -154,15 +154,27 @@ void ModelHost::stop() {
     jobs_.clear();
   }
   wake_.notify_all();
+  // The drain has had its time: requests still running end now ("shutting
+  // down"), not after a reload in progress finishes its load, which cannot be
+  // interrupted and may take minutes.
+  const auto stop_all = [this] {
+    std::vector<std::shared_ptr<Generation>> all;
+    {
+      std::lock_guard lock(mutex_);
+      all = retired_;
+    }
+    if (auto current = service_.current()) all.push_back(std::move(current));
+    for (auto& generation : all) generation->scheduler->stop();
+  };
+  stop_all();
   if (loader_.joinable()) loader_.join();
   if (operations_.joinable()) operations_.join();
-  std::vector<std::shared_ptr<Generation>> all;
+  stop_all();
   {
     std::lock_guard lock(mutex_);
-    all.swap(retired_);
+    retired_.clear();
   }
-  if (auto current = service_.swap(nullptr)) all.push_back(std::move(current));
-  for (auto& generation : all) generation->scheduler->stop();
+  service_.swap(nullptr);
 }
 
 void ModelHost::enqueue(Job job) {
@@ -295,6 +307,19 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
                        : reload_error(422, "model_load_failed", message));
   }
   std::shared_ptr<Generation> next = *loaded;
+  // A load cannot be interrupted; one that ends after a shutdown began is
+  // dropped, not swapped in to be stopped at once.
+  if (service_.draining() || [&] {
+        std::lock_guard lock(mutex_);
+        return stopping_;
+      }()) {
+    next->scheduler->stop();
+    outcome.error = reload_error(503, "shutting_down", "the server began shutting down during the load");
+    outcome.message = fmt::format("reload ({}) dropped: the server began shutting down while {} loaded", job.reason,
+                                  config.model);
+    spdlog::warn("{}", outcome.message);
+    return outcome;
+  }
   auto current = service_.current();
   if (job.from_watcher && current && !current->is_damaged() && current->checksum == next->checksum &&
       current->path == next->path) {

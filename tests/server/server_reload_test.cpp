@@ -464,6 +464,25 @@ TEST_F(ReloadTest, SigtermDuringTheFirstLoadExitsAtOnce) {
   EXPECT_NE(server->log().find("during the first model load"), std::string::npos) << server->log();
 }
 
+// SIGTERM while a reload loads: the load cannot be interrupted, but what it
+// loaded is dropped, not swapped in during the shutdown (a new scheduler and
+// its KV caches, to be stopped at once), and the process exits with status 0.
+TEST_F(ReloadTest, AReloadThatEndsDuringShutdownIsDropped) {
+  std::string error;
+  auto server = ServerProcess::start({"--model", model_.string(), "--grpc-port", "-1", "--drain-timeout-s", "1"}, error,
+                                     {"COLIBRI_TEST_LOAD_DELAY_MS=1500"});
+  ASSERT_NE(server, nullptr) << error;
+  kill(server->pid(), SIGHUP);
+  ASSERT_TRUE(eventually([&] { return server->log().find("reloading ") != std::string::npos; })) << server->log();
+  kill(server->pid(), SIGTERM);
+  const int status = server->wait_exit(std::chrono::seconds(20));
+  ASSERT_NE(status, -1) << "still running 20 s after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const std::string log = server->log();
+  EXPECT_NE(log.find("dropped: the server began shutting down"), std::string::npos) << log;
+  EXPECT_EQ(log.find("reloaded ("), std::string::npos) << log;
+}
+
 // RELIABILITY.md row 69: SIGKILL while loading and while serving (streams
 // running); a new process on the same ports then starts and serves, as a
 // systemd restart would: no lock or pid file, no port left unusable.
