@@ -47,12 +47,28 @@ Status check_disjoint(std::vector<Extent> extents, std::string_view source) {
   return Status::Ok();
 }
 
+// What a file that is not .colibri seems to be, for the error: the formats a
+// model is most often handed over in by mistake, else its first bytes.
+std::string describe_foreign(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0)
+    return "it is a GGUF file: name it *.gguf to load it as one, or convert it with colibri-convert";
+  // safetensors: a little-endian u64 header length, then the JSON header.
+  if (bytes.size() >= 9 && bytes[8] == '{')
+    return "it looks like a safetensors file: a model is its Hugging Face directory (config.json, *.safetensors, "
+           "tokenizer.json), which colibri-convert turns into a .colibri file";
+  std::string shown;
+  for (std::size_t i = 0; i < std::min<std::size_t>(bytes.size(), 8); ++i)
+    shown += bytes[i] >= 0x20 && bytes[i] < 0x7f ? std::string(1, static_cast<char>(bytes[i]))
+                                                  : fmt::format("\\x{:02x}", bytes[i]);
+  return fmt::format("it begins with \"{}\", where a .colibri file begins with \"COLIBRI\\x00\"", shown);
+}
+
 Result<ColibriHeader> parse_header(std::span<const std::uint8_t> bytes, std::string_view source) {
   if (bytes.size() < cf::kHeaderSize)
     return make_error("{}: truncated: {} bytes, the header alone needs {}", source, bytes.size(),
                       cf::kHeaderSize);
   if (std::memcmp(bytes.data(), cf::kMagic, sizeof cf::kMagic) != 0)
-    return make_error("{}: not a .colibri file (bad magic number)", source);
+    return make_error("{}: not a .colibri file (bad magic number): {}", source, describe_foreign(bytes));
   const std::uint8_t* p = bytes.data();
   ColibriHeader h;
   h.version = load<std::uint32_t>(p + 8);

@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstring>
+#include <fstream>
 
 #include <string>
 
@@ -128,10 +130,16 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     return make_error("{}: no such file or directory", path.string());
-  if (std::filesystem::is_regular_file(path, ec) && path.extension() != ".gguf")
-    return load_colibri(path, options);
-  // A single .gguf file carries config, tokenizer and weights together.
-  if (std::filesystem::is_regular_file(path, ec) && path.extension() == ".gguf") {
+  // A single GGUF file carries config, tokenizer and weights together: known
+  // by its extension or, under another name, by its magic.
+  const bool gguf = std::filesystem::is_regular_file(path, ec) && [&] {
+    if (path.extension() == ".gguf") return true;
+    char magic[4] = {};
+    std::ifstream in(path, std::ios::binary);
+    return in.read(magic, sizeof magic) && std::memcmp(magic, "GGUF", 4) == 0;
+  }();
+  if (std::filesystem::is_regular_file(path, ec) && !gguf) return load_colibri(path, options);
+  if (gguf) {
     auto gguf = open_gguf_model(path);
     if (!gguf) return gguf.error();
     return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source, options);

@@ -280,6 +280,27 @@ TEST_P(ColibriMalformed, IsRefusedWithAClearMessage) {
 INSTANTIATE_TEST_SUITE_P(Cases, ColibriMalformed, ::testing::ValuesIn(malformed_cases()),
                          [](const ::testing::TestParamInfo<Malformed>& p) { return p.param.name; });
 
+// A model handed over in another format is named in the error, and a GGUF
+// file loads whatever its name.
+TEST(ColibriForeign, OtherFormatsAreNamedAndAGgufLoadsUnderAnyName) {
+  const auto dir = std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / "olmoe-tiny";
+  auto error_of = [](const Bytes& bytes) {
+    auto image = parse_colibri(bytes, "x");
+    return image.ok() ? std::string() : image.error().message;
+  };
+  EXPECT_NE(error_of(read_bytes(dir / "model.gguf")).find("it is a GGUF file"), std::string::npos);
+  EXPECT_NE(error_of(read_bytes(dir / "model.safetensors")).find("looks like a safetensors file"), std::string::npos);
+  Bytes text(200, ' ');
+  std::memcpy(text.data(), "{\"a\":\x01", 6);
+  EXPECT_NE(error_of(text).find("it begins with \"{\"a\":\\x01  \""), std::string::npos) << error_of(text);
+  TempDir tmp("foreign");
+  const auto renamed = tmp / "model.bin";
+  std::filesystem::copy_file(dir / "model.gguf", renamed);
+  auto model = Model::load(renamed);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  EXPECT_EQ((*model)->config().n_experts, 16);
+}
+
 // The committed seed corpus is exactly these files plus the valid one, so the
 // fuzzer starts next to every check. COLIBRI_WRITE_CORPUS=1 rewrites it.
 TEST(ColibriCorpus, CommittedCorpusMatchesTheCases) {
