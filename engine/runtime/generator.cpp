@@ -50,7 +50,9 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
   // The sampler changes `logits` in place; logprobs read a copy taken first.
   std::vector<float> raw_logits(options.logprobs >= 0 ? static_cast<std::size_t>(vocab) : 0);
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
-  history.reserve(prompt.size() + static_cast<std::size_t>(options.max_tokens));
+  // No more tokens than the context holds can come: reserving max_tokens
+  // itself (colibri-run -n 2000000000) asked for 8 GB and threw bad_alloc.
+  history.reserve(std::min(prompt.size() + static_cast<std::size_t>(std::max(options.max_tokens, 0)), room + 1));
   Sampler sampler(options.sampling, vocab);
   StreamingDecoder detokenizer(tokenizer);
   StopStringMatcher stops(options.stop);

@@ -47,3 +47,12 @@ elif finish != "length":
 print(f"--json-object: finish={finish}, {len(text)} characters")
 PY
 done
+
+# A max_tokens far past the context ends when the context is full; the
+# history was reserved for max_tokens, 8 GB here, and under a 3 GB address
+# space limit the run died of an uncaught std::bad_alloc.
+( ulimit -v 3000000
+  "$run" --model "$data_dir/fixtures/qwen3moe-tiny" --prompt "hi" --max-tokens 2000000000 --ignore-eos --context 256 \
+    > /dev/null 2> "$work/err.txt" ) || { echo "FAIL --max-tokens 2000000000: exit $?"; cat "$work/err.txt"; exit 1; }
+grep -q "generated" "$work/err.txt" || { echo "FAIL --max-tokens 2000000000: no summary"; cat "$work/err.txt"; exit 1; }
+echo "--max-tokens 2000000000: $(tail -1 "$work/err.txt")"
