@@ -3,12 +3,35 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
 #include <unistd.h>
 
 #include "core/output_file.h"
 #include "format/checkpoint.h"
 #include "format/colibri_writer.h"
 #include "layout_flags.h"
+
+namespace {
+
+// The input file, or the file of the input directory, that `output` names
+// (the same file by device and inode, whatever the spelling), if any.
+std::optional<std::string> file_of_input_at(const std::string& input, const std::string& output) {
+  std::error_code ec;
+  if (!std::filesystem::exists(output, ec)) return std::nullopt;
+  auto same = [&](const std::filesystem::path& candidate) {
+    std::error_code e;
+    return std::filesystem::is_regular_file(candidate, e) && std::filesystem::equivalent(candidate, output, e);
+  };
+  if (same(input)) return input;
+  if (std::filesystem::is_directory(input, ec))
+    for (const auto& entry : std::filesystem::directory_iterator(input, ec))
+      if (same(entry.path())) return entry.path().string();
+  return std::nullopt;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -47,6 +70,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   // Ctrl-C must not leave a temporary file of many GB beside the output.
   colibri::remove_output_temp_on_signals();
+
+  // The output replaces its path by rename, so a running server that maps the
+  // old file is safe; but an output naming the input (or a file of the input
+  // directory) would replace the model being converted (RELIABILITY.md row 30).
+  if (const auto replaced = file_of_input_at(input, output)) {
+    std::fprintf(stderr, "colibri-convert: the output %s is the input's %s, which the conversion would replace; "
+                 "write the .colibri file elsewhere\n", output.c_str(), replaced->c_str());
+    return 2;
+  }
 
   auto scheme = colibri::quant_scheme(quant);
   if (!scheme) {

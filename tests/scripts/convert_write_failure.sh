@@ -33,4 +33,20 @@ leftover=$(find "$work" -name 'model.colibri.tmp-*' | head -1)
 
 "$convert" --input "$fixture" --output "$target" --quant int8 --no-progress > /dev/null 2>&1 || fail "the retry failed"
 [[ $(sha256sum "$target" | cut -d' ' -f1) != "$before" ]] || fail "the retry did not replace the file"
+
+# RELIABILITY.md 1B, row 30: an output that names the input (a GGUF file, or a
+# file of a Hugging Face directory, however spelt) is refused, the input untouched.
+cp "$data_dir/fixtures/olmoe-tiny/model.gguf" "$work/in.gguf"
+cp -r "$fixture" "$work/hf"
+for pair in "$work/in.gguf:$work/in.gguf" "$work/in.gguf:$work/./in.gguf" "$work/hf:$work/hf/model.safetensors"; do
+  in=${pair%%:*} out=${pair#*:}
+  sum=$(sha256sum "$out" | cut -d' ' -f1)
+  set +e
+  "$convert" --input "$in" --output "$out" --quant int8 --no-progress > /dev/null 2> "$work/err2"
+  status=$?
+  set -e
+  [[ $status -eq 2 ]] || fail "converting $in onto $out exited $status, not 2"
+  grep -q "which the conversion would replace" "$work/err2" || fail "no reason given: $(cat "$work/err2")"
+  [[ $(sha256sum "$out" | cut -d' ' -f1) == "$sum" ]] || fail "$out was changed"
+done
 echo "convert_write_failure: ok ($(head -c 200 "$work/err"))"
