@@ -953,7 +953,7 @@ int main(int argc, char** argv) {
     report["routing_context"] = routing_options.context;
   }
   if (json) {
-    std::printf("%s\n", report.dump(2).c_str());
+    std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
 

@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
                                     std::span<const float> values) {
       nlohmann::json line = {{"name", name}, {"layer", layer}, {"pos", position},
                              {"values", std::vector<float>(values.begin(), values.end())}};
-      dump << line.dump() << '\n';
+      dump << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     });
   }
 
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
                            {"n_vocab", (*model)->config().vocab},
                            {"prompts", nlohmann::json::array({prompt_record})}};
     std::ofstream out(logits_out);
-    out << root.dump() << '\n';
+    out << root.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     if (!out) {
       std::fprintf(stderr, "colibri-run: cannot write %s\n", logits_out.c_str());
       return 1;

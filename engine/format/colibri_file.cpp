@@ -64,11 +64,13 @@ std::string describe_foreign(std::span<const std::uint8_t> bytes) {
 }
 
 Result<ColibriHeader> parse_header(std::span<const std::uint8_t> bytes, std::string_view source) {
+  // The magic first, as far as the bytes go: a short file of another kind is
+  // not a truncated .colibri file.
+  if (!bytes.empty() && std::memcmp(bytes.data(), cf::kMagic, std::min(bytes.size(), sizeof cf::kMagic)) != 0)
+    return make_error("{}: not a .colibri file (bad magic number): {}", source, describe_foreign(bytes));
   if (bytes.size() < cf::kHeaderSize)
     return make_error("{}: truncated: {} bytes, the header alone needs {}", source, bytes.size(),
                       cf::kHeaderSize);
-  if (std::memcmp(bytes.data(), cf::kMagic, sizeof cf::kMagic) != 0)
-    return make_error("{}: not a .colibri file (bad magic number): {}", source, describe_foreign(bytes));
   const std::uint8_t* p = bytes.data();
   ColibriHeader h;
   h.version = load<std::uint32_t>(p + 8);

@@ -102,4 +102,14 @@ grep -Eq "IQ2_XXS +1 tensors, .*\(not readable\)" "$work/iq2.txt" &&
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["convertible"] is False and d["unreadable_types"] == ["IQ2_XXS"] and d["model_error"], d' "$work/iq2.json" ||
   fail "--json on an unconvertible GGUF"
 
+# A path that is not UTF-8 (any byte but '/' and NUL is allowed): --json still
+# prints one document, the byte replaced, and exits 1. The JSON writer threw on
+# it and the tool aborted.
+bad=$work/$'bad\xff.colibri'
+printf 'not a model at all' > "$bad"
+"$inspect" "$bad" --json > "$work/bad.json" 2>/dev/null && status=0 || status=$?
+[[ $status -eq 1 ]] || fail "--json on a non-UTF-8 path exited $status, not 1"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert "bad" in d["file"] and "not a .colibri file" in d["error"], d' "$work/bad.json" ||
+  fail "--json on a non-UTF-8 path"
+
 echo "inspect_verify: OK"
