@@ -60,6 +60,7 @@ TEST(SchedulerExpertStore, BatchedRequestsGiveTheSameTokensAndMetrics) {
   {
     Scheduler scheduler(model, options, metrics);
     scheduler.start();
+    scheduler.publish_metrics();  // as the model host does for the scheduler that serves
     std::vector<std::shared_ptr<StreamChannel>> channels;
     for (const auto& p : prompts) {
       GenerationJobSpec spec;
