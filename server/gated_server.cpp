@@ -92,6 +92,10 @@ class ConnectionStream : public httplib::Stream {
     request_bytes_ = 0;
   }
   std::size_t buffered() const { return end_ - begin_ + (consumed_.size() - consumed_at_); }
+  // Those bytes, in the order read() gives them.
+  std::string buffered_bytes() const {
+    return consumed_.substr(consumed_at_) + std::string(buffer_ + begin_, end_ - begin_);
+  }
 
   bool is_readable() const override { return buffered() > 0 || wait_for(POLLIN, milliseconds_until(read_deadline_)); }
 
@@ -258,11 +262,18 @@ std::string_view header_value(std::string_view headers, std::string_view name) {
 
 }  // namespace
 
-ConnectionGate::Peek ConnectionGate::peek_headers(int fd, std::size_t body_limit) {
+ConnectionGate::Peek ConnectionGate::peek_headers(int fd, std::size_t body_limit, std::string_view read_already) {
   char buffer[kHeaderPeekBytes];
-  const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return {Headers::Closed};
-  if (n < 0) return {errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Headers::None : Headers::Closed};
+  const std::size_t prefix = std::min(read_already.size(), sizeof(buffer));
+  std::memcpy(buffer, read_already.data(), prefix);
+  ssize_t n = recv(fd, buffer + prefix, sizeof(buffer) - prefix, MSG_PEEK | MSG_DONTWAIT);
+  if (prefix == 0 && n == 0) return {Headers::Closed};
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return {Headers::Closed};
+    if (prefix == 0) return {Headers::None};
+    n = 0;
+  }
+  n += static_cast<ssize_t>(prefix);
   const std::string_view text(buffer, static_cast<std::size_t>(n));
   std::size_t end = text.find("\r\n\r\n");
   if (end != std::string_view::npos) {
@@ -289,11 +300,16 @@ ConnectionGate::Peek ConnectionGate::peek_headers(int fd, std::size_t body_limit
   // the worker answers that.
   const std::string_view headers = text.substr(0, end);
   const std::string_view length = header_value(headers, "content-length");
-  if (length.empty() && header_value(headers, "transfer-encoding").empty()) {
-    const std::string_view method = headers.substr(0, headers.find(' '));
-    if (method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE")
-      return {Headers::LengthRequired};
-  }
+  const std::string_view coding = header_value(headers, "transfer-encoding");
+  const std::string_view method = headers.substr(0, headers.find(' '));
+  const bool takes_body = method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE";
+  // cpp-httplib 0.11 reads a body of these methods without a length until the
+  // client closes (the worker refuses "chunked" itself, with 411 too).
+  if (takes_body && length.empty() && coding.find("chunked") == std::string_view::npos)
+    return {Headers::LengthRequired};
+  // It reads no body of the others: the body's bytes would be parsed as the
+  // connection's next request.
+  if (!takes_body && (!coding.empty() || (!length.empty() && length != "0"))) return {Headers::BodyNotAllowed};
   std::uint64_t body = 0;
   if (length.empty() || !header_value(headers, "expect").empty()) return {Headers::Complete};
   const auto [ptr, ec] = std::from_chars(length.data(), length.data() + length.size(), body);
@@ -301,7 +317,7 @@ ConnectionGate::Peek ConnectionGate::peek_headers(int fd, std::size_t body_limit
   if (ec != std::errc() || ptr != length.data() + length.size() || body > body_limit) return {Headers::Complete};
   int available = 0;
   if (ioctl(fd, FIONREAD, &available) != 0) return {Headers::Complete};
-  if (static_cast<std::uint64_t>(available) >= end + body) return {Headers::Complete};
+  if (static_cast<std::uint64_t>(available) + prefix >= end + body) return {Headers::Complete};
   // A large body may never fit the socket's receive buffer; it is read, not peeked.
   if (body > kGatedRequestBytes - end) return {Headers::LargeBody, end + static_cast<std::size_t>(body)};
   return {Headers::Partial};
@@ -319,6 +335,18 @@ void ConnectionGate::refuse_header_fields(int fd) {
          "the request has more than 100 header fields, or a header line over 8 KB", "headers_too_large");
 }
 
+void ConnectionGate::close_pipelined_partial(int fd) {
+  counts_->pipelined_partial.fetch_add(1, std::memory_order_relaxed);
+  close_connection(fd);
+}
+
+void ConnectionGate::refuse_body_not_allowed(int fd) {
+  counts_->body_not_allowed.fetch_add(1, std::memory_order_relaxed);
+  refuse(fd, 400, "Bad Request",
+         "a request of this method carries no body here (send a POST for the endpoints that take one)",
+         "body_not_allowed");
+}
+
 void ConnectionGate::refuse_unknown_length(int fd) {
   counts_->length_required.fetch_add(1, std::memory_order_relaxed);
   refuse(fd, 411, "Length Required",
@@ -331,6 +359,7 @@ bool ConnectionGate::turn_away(int fd, Headers state) {
     case Headers::TooLarge: refuse_large_headers(fd); return true;
     case Headers::TooManyFields: refuse_header_fields(fd); return true;
     case Headers::LengthRequired: refuse_unknown_length(fd); return true;
+    case Headers::BodyNotAllowed: refuse_body_not_allowed(fd); return true;
     default: return false;
   }
 }
@@ -634,9 +663,22 @@ void GatedServer::serve(int fd, int served, Clock::time_point deadline, std::str
     if (!ok || connection_closed || last || close_requested) break;
     // A next request already whole (pipelined, or sent at once) is served
     // now; else the connection waits for it off this thread.
-    if (stream.buffered() == 0 &&
-        ConnectionGate::peek_headers(fd, payload_max_length_).state != ConnectionGate::Headers::Complete)
-      return park(fd, served);
+    if (stream.buffered() == 0) {
+      if (ConnectionGate::peek_headers(fd, payload_max_length_).state != ConnectionGate::Headers::Complete)
+        return park(fd, served);
+    } else {
+      // Pipelined: part of it is read already, so it is checked as the gate
+      // checks a first request (431, 411, a GET's body), and served only if
+      // whole: the gate cannot hold read bytes, and a worker handed a partial
+      // one would wait for its rest (a client could take every worker so).
+      const std::string start = stream.buffered_bytes();
+      const auto state = ConnectionGate::peek_headers(fd, payload_max_length_, start).state;
+      if (gate_.answer_refusal(fd, state)) return;
+      if (state != ConnectionGate::Headers::Complete && state != ConnectionGate::Headers::LargeBody) {
+        gate_.close_pipelined_partial(fd);
+        return;
+      }
+    }
     stream.start_request(Clock::now() + request_timeout);
   }
   close_connection(fd);

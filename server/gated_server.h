@@ -49,6 +49,8 @@ class ConnectionGate {
     std::atomic<std::uint64_t> idle{0};               // closed silent: nothing sent in time
     std::atomic<std::uint64_t> headers_too_large{0};  // 431
     std::atomic<std::uint64_t> length_required{0};    // 411: a body of no declared length
+    std::atomic<std::uint64_t> body_not_allowed{0};   // 400: a GET (or HEAD, ...) with a body
+    std::atomic<std::uint64_t> pipelined_partial{0};  // closed: a pipelined request not whole after the one before
     std::atomic<std::uint64_t> too_many_waiting{0};   // closed at once: kMaxWaiting reached
     std::atomic<std::uint64_t> shed{0};  // closed early, the longest-waiting first, while the set was 3/4 full
   };
@@ -72,9 +74,16 @@ class ConnectionGate {
   void refuse_header_fields(int fd);
   // Answers 411 and closes fd.
   void refuse_unknown_length(int fd);
+  // Answers 400 and closes fd.
+  void refuse_body_not_allowed(int fd);
+  // Closes fd, whose pipelined request was not whole once the one before it
+  // was answered (its bytes are read already, so the gate cannot hold it).
+  void close_pipelined_partial(int fd);
   std::shared_ptr<const Counts> counts() const { return counts_; }
 
-  enum class Headers { Complete, Partial, None, Closed, TooLarge, TooManyFields, LengthRequired, LargeBody };
+  enum class Headers {
+    Complete, Partial, None, Closed, TooLarge, TooManyFields, LengthRequired, BodyNotAllowed, LargeBody
+  };
   struct Peek {
     Headers state = Headers::None;
     std::size_t request_bytes = 0;  // LargeBody: request line, headers and body
@@ -84,13 +93,20 @@ class ConnectionGate {
   // at most 64 KB with them (larger bodies, and clients that expect
   // "100 Continue", are read by the worker). TooLarge: more than a request
   // line and headers may take, and no end of them. TooManyFields: whole
-  // headers of more than 100 fields, or with a line over 8 KB. LengthRequired: a POST,
+  // headers of more than 100 fields, or with a line over 8 KB. BodyNotAllowed:
+  // a GET, HEAD or OPTIONS with a body. LengthRequired: a POST,
   // PUT, PATCH or DELETE with neither Content-Length nor Transfer-Encoding,
   // whose body cpp-httplib 0.11 would read until the client closes (RFC 9112
   // says such a request has none; `curl -X POST URL` sends that). LargeBody:
   // the headers are whole and declare a body over 64 KB with them, at most
   // `body_limit`, not all in the buffer yet.
-  static Peek peek_headers(int fd, std::size_t body_limit);
+  // `read_already`: bytes of the request already read from fd (a pipelined
+  // request's, buffered after the one before), taken as its start.
+  static Peek peek_headers(int fd, std::size_t body_limit, std::string_view read_already = {});
+  // For a state that refuses the request (Closed, TooLarge, TooManyFields,
+  // LengthRequired, BodyNotAllowed): answers it and closes fd, true. False
+  // for the others.
+  bool answer_refusal(int fd, Headers state) { return turn_away(fd, state); }
 
  private:
   struct Waiting {

@@ -288,7 +288,9 @@ void HttpServer::install() {
     prometheus_header(out, "colibri_http_connections_refused_total",
                       "HTTP connections closed before a request reached a route, by reason: request_timeout "
                       "(408, the request not whole within read_timeout_s), idle (nothing sent in time), "
-                      "headers_too_large (431), length_required (411, a POST without Content-Length), "
+                      "headers_too_large (431), length_required (411, a POST without Content-Length), body_not_allowed (400, "
+                      "a GET with a body), pipelined_partial (a request sent before the answer to the one before "
+                      "and still not whole after it), "
                       "too_many_waiting (4096 were waiting), shed (closed early, the longest-waiting first, while "
                       "more than 3072 waited).",
                       "counter");
@@ -297,6 +299,8 @@ void HttpServer::install() {
         {"idle", &gate->idle},
         {"headers_too_large", &gate->headers_too_large},
         {"length_required", &gate->length_required},
+        {"body_not_allowed", &gate->body_not_allowed},
+        {"pipelined_partial", &gate->pipelined_partial},
         {"too_many_waiting", &gate->too_many_waiting},
         {"shed", &gate->shed}};
     for (const auto& [reason, count] : reasons)

@@ -1495,6 +1495,66 @@ TEST(HttpListenTest, MoreThan100HeaderFieldsOrAnOver8KbLineGet431) {
             2);
 }
 
+// A request sent before the answer to the one before (pipelined) is checked as
+// a first one is: more than 100 fields get 431, and one not whole once the one
+// before is answered ends the connection at once. It skipped the gate: a
+// worker waited read_timeout_s for its rest (a client could take every worker
+// so), and its fields went uncounted into cpp-httplib's map.
+TEST(HttpListenTest, APipelinedRequestIsCheckedAndNotWaitedFor) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1", "--read-timeout-s", "20"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  auto exchange = [&](const std::string& bytes) {
+    const int fd = connect_loopback(server->port());
+    EXPECT_GE(fd, 0);
+    send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    const auto start = std::chrono::steady_clock::now();
+    std::string got = read_until_closed(fd, 10000);
+    close(fd);
+    return std::pair{got, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  };
+  const std::string first = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  auto [partial, partial_s] = exchange(first + "POST /v1/completions HTTP/1.1\r\n");
+  EXPECT_EQ(partial.rfind("HTTP/1.1 200", 0), 0u) << partial.substr(0, 200);
+  EXPECT_EQ(count_of(partial, "HTTP/1.1 "), 1u) << partial;
+  EXPECT_LT(partial_s, 5.0) << "the connection was held for its pipelined request's rest";
+  std::string fields = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 150; ++i) fields += "X-Field-" + std::to_string(i) + ": v\r\n";
+  auto [flood, flood_s] = exchange(first + fields + "\r\n");
+  EXPECT_EQ(count_of(flood, "HTTP/1.1 200"), 1u) << flood.substr(0, 300);
+  EXPECT_NE(flood.find("HTTP/1.1 431"), std::string::npos) << flood.substr(0, 600);
+  auto [both, both_s] = exchange(first + "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(count_of(both, "HTTP/1.1 200"), 2u) << "a whole pipelined request is served: " << both;
+  const std::string metrics = http_get(server->port(), "/metrics").body;
+  EXPECT_EQ(metric_value(metrics, "colibri_http_connections_refused_total{reason=\"pipelined_partial\"}"), 1);
+}
+
+// cpp-httplib 0.11 reads no body of a GET: its bytes were parsed as the
+// connection's next request (400s out of step with the client's requests).
+// And it reads a POST body of no length but "Transfer-Encoding: identity"
+// until the client closes. Both are refused at once.
+TEST(HttpListenTest, AGetWithABodyAndAPostWithoutALengthAreRefused) {
+  std::string error;
+  auto server = ServerProcess::start({"--grpc-port", "-1"}, error);
+  ASSERT_NE(server, nullptr) << error;
+  auto answer = [&](const std::string& request) {
+    const int fd = connect_loopback(server->port());
+    EXPECT_GE(fd, 0);
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string got = read_until_closed(fd, 5000);
+    close(fd);
+    return got;
+  };
+  std::string got = answer("GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("body_not_allowed"), std::string::npos) << got.substr(0, 300);
+  EXPECT_EQ(count_of(got, "HTTP/1.1 "), 1u) << got;
+  got = answer("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n{\"content\": \"x\"}");
+  EXPECT_EQ(got.rfind("HTTP/1.1 411", 0), 0u) << got.substr(0, 300);
+  got = answer("GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << "Content-Length: 0 is no body: " << got.substr(0, 300);
+}
+
 // `curl -X POST URL` sends a POST with neither Content-Length nor
 // Transfer-Encoding. cpp-httplib 0.11 reads such a body until the client
 // closes, so the request hung for read_timeout_s and then got a 400; it gets
