@@ -271,10 +271,22 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   if (service_.draining()) return fail(reload_error(503, "draining", "the server is shutting down"));
   notifier_.notify("RELOADING=1\n" + SystemdNotifier::monotonic_usec() + "\nSTATUS=reloading (" + job.reason + ")");
 
+  // What a reload that fails goes back to: it changes nothing, its config
+  // included (else /admin/config showed generation keys the model did not
+  // use, and the next reload's changes left them out).
+  const auto running = service_.settings();
+  const auto restore_config = [&] {
+    if (service_.settings() == running) return;
+    service_.set_settings(*running);
+    if (Status level = logging::set_level(running->config.log_level); !level.ok())
+      spdlog::error("config restore: {}", level.error().message);
+    if (Status file = logging::set_file(running->config.log_file); !file.ok())
+      spdlog::error("config restore: {}", file.error().message);
+    outcome.config_changes.clear();
+  };
   if (job.reread_config) {
     auto reread = reader_();
     if (!reread) return fail(reload_error(400, "config_invalid", reread.error().message + " (nothing was changed)"));
-    const auto running = service_.settings();
     LoadedConfig merged = merge_reloaded_config(*running, *reread, outcome.config_changes);
     for (const std::string& change : outcome.config_changes) spdlog::info("config reload: {}", change);
     if (Status level = logging::set_level(merged.config.log_level); !level.ok())
@@ -303,8 +315,9 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
     const std::string& message = loaded.error().message;
     const bool memory = message.find("not enough memory") != std::string::npos;
     retarget_watcher(before);
-    return fail(memory ? reload_error(503, "insufficient_memory", message)
-                       : reload_error(422, "model_load_failed", message));
+    restore_config();
+    return fail(memory ? reload_error(503, "insufficient_memory", message + " (the configuration is unchanged)")
+                       : reload_error(422, "model_load_failed", message + " (the configuration is unchanged)"));
   }
   std::shared_ptr<Generation> next = *loaded;
   // A load cannot be interrupted; one that ends after a shutdown began is

@@ -377,6 +377,41 @@ TEST_F(ReloadTest, Sigusr1UnloadsAndSighupLoadsAgain) {
   EXPECT_EQ(http_get(port, "/v1/models").json_body()["data"][0]["generation"], 2);
 }
 
+// A reload that fails changes nothing, its re-read configuration included: a
+// hot key changed in the file next to a model that fails to load keeps its
+// running value. It was applied although the reload failed.
+TEST_F(ReloadTest, AFailedReloadLeavesTheConfigurationAsItWas) {
+  const fs::path config = dir_ / ("config-" + std::to_string(counter_) + ".json");
+  std::ofstream(config) << R"({"max_tokens_limit": 4096})";
+  auto server = start({"--config", config.string(), "--watch-model", "off"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const json request = {{"prompt", "x"}, {"max_tokens", 400}, {"ignore_eos", true}};
+  ASSERT_EQ(http_post(port, "/v1/completions", request).status, 200);
+  std::ofstream(config) << R"({"max_tokens_limit": 300})";
+  auto limit = [&] {
+    const json config = http_get(port, "/admin/config").json_body();
+    for (const json& option : config["options"])
+      if (option["name"] == "max_tokens_limit") return option["value"].get<int>();
+    return -1;
+  };
+  const fs::path half = dir_ / "half-config.colibri";
+  fs::copy_file(dir_ / "b.colibri", half, fs::copy_options::overwrite_existing);
+  fs::resize_file(half, fs::file_size(half) / 2);
+  replace_with(half);
+  auto reload = http_post(port, "/admin/reload", json::object());
+  EXPECT_EQ(reload.status, 422) << reload.body;
+  EXPECT_NE(reload.body.find("the configuration is unchanged"), std::string::npos) << reload.body;
+  EXPECT_EQ(limit(), 4096);
+  EXPECT_EQ(http_post(port, "/v1/completions", request).status, 200) << "the failed reload's limit was applied";
+  // With a good file the same reload applies it.
+  replace_with(dir_ / "b.colibri");
+  reload = http_post(port, "/admin/reload", json::object());
+  EXPECT_EQ(reload.status, 200) << reload.body;
+  EXPECT_EQ(limit(), 300);
+  EXPECT_EQ(http_post(port, "/v1/completions", request).status, 400);
+}
+
 // Routing counts summed over every layer and expert, as /metrics shows them.
 double routed_tokens(int port) {
   const std::string metrics = http_get(port, "/metrics").body;
