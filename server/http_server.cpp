@@ -314,8 +314,10 @@ void HttpServer::install() {
     const Config& c = snapshot->config;
     // Refusals here come before the body is read: the connection is closed
     // after the answer, or the body's bytes would be parsed as the next request.
-    auto refuse = [&res](const ApiError& error, bool anthropic_shape = false) {
-      if (anthropic_shape) send_anthropic_error(res, error);
+    // Anthropic's clients read their own error shape on /v1/messages.
+    const bool anthropic_route = req.path.rfind("/v1/messages", 0) == 0;
+    auto refuse = [&res, anthropic_route](const ApiError& error, bool anthropic_shape = false) {
+      if (anthropic_shape || anthropic_route) send_anthropic_error(res, error);
       else send_error(res, error);
       res.set_header("Connection", "close");
       GatedServer::close_after_response();
@@ -355,7 +357,7 @@ void HttpServer::install() {
           req.has_header("Authorization") || req.has_header("x-api-key")
               ? "the API key is not valid"
               : "this server needs an API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
-      return refuse(error, req.path.rfind("/v1/messages", 0) == 0);
+      return refuse(error);
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
@@ -720,10 +722,10 @@ void HttpServer::install() {
            if (Status set = logging::set_level(level); !set.ok())
              return send_error(res, ApiError::invalid(set.error().message, "level"));
            // Kept until the next config reload, which applies log_level again.
-           LoadedConfig updated = *service_.settings();
-           updated.config.log_level = level;
-           updated.sources["log_level"] = "POST /admin/log-level";
-           service_.set_settings(std::move(updated));
+           service_.update_settings([&level](LoadedConfig& updated) {
+             updated.config.log_level = level;
+             updated.sources["log_level"] = "POST /admin/log-level";
+           });
            spdlog::warn("log level {} -> {} (POST /admin/log-level)", before, level);
            send_json(res, 200, {{"level", level}, {"previous", before}});
          }));

@@ -117,6 +117,13 @@ void Service::set_settings(LoadedConfig config) {
   settings_ = std::move(next);
 }
 
+void Service::update_settings(const std::function<void(LoadedConfig&)>& change) {
+  std::lock_guard lock(mutex_);
+  LoadedConfig updated = *settings_;
+  change(updated);
+  settings_ = std::make_shared<const LoadedConfig>(std::move(updated));
+}
+
 void Service::begin_drain() {
   draining_.store(true, std::memory_order_relaxed);
   if (auto generation = current()) generation->scheduler->begin_drain();

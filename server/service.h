@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -68,6 +69,9 @@ class Service {
 
   std::shared_ptr<const LoadedConfig> settings() const;
   void set_settings(LoadedConfig config);
+  // Changes the settings in place, atomically against set_settings() (a
+  // reload's new config is not lost to a change read before it).
+  void update_settings(const std::function<void(LoadedConfig&)>& change);
 
   // The served id, or "" with no model.
   std::string model_id() const;

@@ -488,6 +488,12 @@ TEST_F(HttpServerTest, AnthropicMessagesEqualChatCompletions) {
   json system_role = request;
   system_role["messages"] = {{{"role", "system"}, {"content", "x"}}};
   EXPECT_EQ(http_post(port(), "/v1/messages", system_role).status, 400);
+  // Refused from the headers alone (a body over max_body_bytes): Anthropic's shape too.
+  json large = request;
+  large["messages"] = {{{"role", "user"}, {"content", std::string(70000, 'a')}}};
+  auto too_large = http_post(port(), "/v1/messages", large);
+  EXPECT_EQ(too_large.status, 413);
+  EXPECT_EQ(too_large.json_body()["type"], "error") << too_large.body;
 
   // count_tokens: what the request feeds, as its usage says (no max_tokens needed).
   auto counted = http_post(port(), "/v1/messages/count_tokens", no_max);
