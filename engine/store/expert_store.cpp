@@ -386,6 +386,18 @@ std::string ExpertStore::no_slot_message(std::int32_t key) const {
       describe(key), slot_count_, acquired, pinned_count_, mib(options_.budget_bytes), mib(need), need);
 }
 
+const FfnWeights* ExpertStore::hit(Slot& slot, Counter& counter) {
+  bump(counter.hits);
+  if (slot.prefetched_unused) {
+    slot.prefetched_unused = false;
+    bump(prefetch_used_);
+  }
+  slot.last_use = ++tick_;
+  ++slot.uses;
+  ++slot.acquired;
+  return &slot.views;
+}
+
 Result<const FfnWeights*> ExpertStore::acquire(std::int32_t layer, std::int32_t expert) {
   if (layer < 0 || layer >= n_layers_ || expert < 0 || expert >= n_experts_)
     return make_error("expert store: layer {} expert {} is outside the model ({} layers of {} experts)", layer,
@@ -404,19 +416,17 @@ Result<const FfnWeights*> ExpertStore::acquire(std::int32_t layer, std::int32_t 
   std::int32_t index = slot_of_[static_cast<std::size_t>(key)];
   if (index >= 0) {
     Slot& slot = slots_[static_cast<std::size_t>(index)];
+    // A read on a loader thread failed before this step needed the expert
+    // (a prediction, or a wave's read queued ahead): that error may be stale
+    // (a file being replaced, a transient I/O error), and it failed every
+    // session of the step. settle() has evicted the slot; it is read again
+    // below, and only that read's error counts.
+    const bool read_ahead = slot.prefetched_unused;
     std::uint64_t waited = 0;
     Status settled = settle(slot, key, waited);
     if (waited) bump(counter.stall_ns, waited);
-    if (!settled.ok()) return settled.error();
-    bump(counter.hits);
-    if (slot.prefetched_unused) {
-      slot.prefetched_unused = false;
-      bump(prefetch_used_);
-    }
-    slot.last_use = ++tick_;
-    ++slot.uses;
-    ++slot.acquired;
-    return &slot.views;
+    if (!settled.ok() && !read_ahead) return settled.error();
+    if (settled.ok()) return hit(slot, counter);
   }
 
   const std::uint64_t start = now_ns();

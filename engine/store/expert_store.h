@@ -182,6 +182,8 @@ class ExpertStore {
   Status load(Slot& slot, std::int32_t key);
   // Settles a slot the loader has finished with; returns its error if it failed.
   Status settle(Slot& slot, std::int32_t key, std::uint64_t& waited_ns);
+  // A resident, settled slot handed out: counted as a hit, held once more.
+  const FfnWeights* hit(Slot& slot, Counter& counter);
   void loader_main(LoaderQueue& queue);
   // Fills the free slots by the preload option: the experts not resident, in
   // file order, as many as fit.

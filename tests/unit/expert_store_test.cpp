@@ -667,6 +667,35 @@ TEST_F(ExpertStoreTest, TruncatedFileIsAnErrorNamingTheExpert) {
   }
 }
 
+// A read ahead (a prediction, or a wave's queued read) that failed while
+// nobody needed the expert is read again when a step does: the file may be
+// whole by then. Its stale error failed the step, every session of it.
+TEST_F(ExpertStoreTest, AFailedReadAheadIsReadAgainWhenTheExpertIsNeeded) {
+  const auto path = dir_->path() / "cut-then-whole.colibri";
+  Status converted = colibri_test::convert_checkpoint(colibri_test::fixture_dir("mixtral-tiny"), path, "int8");
+  ASSERT_TRUE(converted.ok()) << converted.error().message;
+  const auto whole = colibri_test::read_bytes(path);
+  auto model = Model::load(path);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const ExpertBlockInfo* last = &(*model)->expert_blocks().front();
+  for (const auto& b : (*model)->expert_blocks())
+    if (b.file_offset > last->file_offset) last = &b;
+  auto store = open_store(*model, {.budget_bytes = slots_bytes(**model, 3), .io = ExpertIo::Pread, .prefetch = true});
+  ASSERT_TRUE(store);
+  std::filesystem::resize_file(path, last->file_offset + last->size / 2);
+  const std::int32_t one[] = {last->expert};
+  store->prefetch(last->layer, one);
+  for (int i = 0; i < 2000 && store->totals().prefetch_loaded < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(store->totals().prefetch_loaded, 1u) << "the read ahead did not end";
+  colibri_test::write_bytes(path, whole);  // whole again, same inode
+  auto w = store->acquire(last->layer, last->expert);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  expect_same_matrix((*model)->weights().layers[static_cast<std::size_t>(last->layer)]
+                         .experts[static_cast<std::size_t>(last->expert)].down,
+                     (*w)->down, "down");
+}
+
 TEST_F(ExpertStoreTest, CorruptBlockFailsTheChecksumOnLoad) {
   const auto path = dir_->path() / "corrupt.colibri";
   Status converted = colibri_test::convert_checkpoint(colibri_test::fixture_dir("mixtral-tiny"), path, "int8");
