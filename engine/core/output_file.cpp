@@ -10,7 +10,10 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <random>
 #include <string_view>
+
+#include <fmt/format.h>
 
 namespace colibri {
 
@@ -44,7 +47,31 @@ bool all_digits(std::string_view text) {
   return true;
 }
 
-// TARGET.tmp-<digits> beside the target, other than `own`, that no live
+bool all_hex(std::string_view text) {
+  if (text.empty()) return false;
+  for (char c : text)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// The suffix of a temporary file's name: <pid>-<hex> (<pid> alone from
+// older builds).
+bool temp_suffix(std::string_view text) {
+  const std::size_t dash = text.find('-');
+  if (dash == std::string_view::npos) return all_digits(text);
+  return all_digits(text.substr(0, dash)) && all_hex(text.substr(dash + 1));
+}
+
+// Pids are reused and repeat across containers sharing a volume: a name of
+// the pid alone let a writer take another live writer's file for its own
+// crashed one's, unlink it, and then rename the other's half-written file
+// over the target. A random part makes the names of two writers differ.
+std::string temp_name_suffix() {
+  std::random_device random;
+  return std::to_string(::getpid()) + "-" + fmt::format("{:08x}", random());
+}
+
+// TARGET.tmp-<pid>[-<hex>] beside the target, other than `own`, that no live
 // writer holds locked.
 void remove_stale_temps(const std::filesystem::path& target, const std::filesystem::path& own) {
   std::filesystem::path dir = target.parent_path();
@@ -54,7 +81,7 @@ void remove_stale_temps(const std::filesystem::path& target, const std::filesyst
   if (listing == nullptr) return;
   while (const dirent* entry = ::readdir(listing)) {
     const std::string_view name(entry->d_name);
-    if (name.rfind(prefix, 0) != 0 || !all_digits(name.substr(prefix.size()))) continue;
+    if (name.rfind(prefix, 0) != 0 || !temp_suffix(name.substr(prefix.size()))) continue;
     const std::filesystem::path path = dir / std::string(name);
     if (path.filename() == own.filename()) continue;
     // O_NOFOLLOW and S_ISREG: a symlink or device planted under that name is
@@ -72,7 +99,7 @@ void remove_stale_temps(const std::filesystem::path& target, const std::filesyst
 }  // namespace
 
 OutputFile::OutputFile(std::filesystem::path target)
-    : target_(std::move(target)), temp_(target_.string() + ".tmp-" + std::to_string(::getpid())) {}
+    : target_(std::move(target)), temp_(target_.string() + ".tmp-" + temp_name_suffix()) {}
 
 OutputFile::~OutputFile() {
   if (created_ && !committed_) unpublish();
@@ -83,10 +110,8 @@ OutputFile::~OutputFile() {
 
 Status OutputFile::open(std::uint64_t size, std::optional<mode_t> mode) {
   remove_stale_temps(target_, temp_);
-  // A leftover from a crashed run with the same pid is stale; removing it first
-  // and then creating with O_EXCL means a symlink planted at this name can never
-  // redirect the write (O_TRUNC alone would follow it and truncate its target).
-  ::unlink(temp_.c_str());
+  // O_EXCL: whatever is at this name (a symlink planted there included) is
+  // never written through; O_TRUNC alone would follow it and truncate its target.
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) return make_error("{}: cannot create: {}", temp_.string(), std::strerror(errno));
   created_ = true;

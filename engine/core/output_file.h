@@ -1,4 +1,4 @@
-// A file written beside its target (TARGET.tmp-PID) and renamed over it only
+// A file written beside its target (TARGET.tmp-PID-RANDOM) and renamed over it only
 // once complete and synced: readers see the old file or the new one, whole,
 // never a half-written one, and a failed write leaves the target untouched.
 //
