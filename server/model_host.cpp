@@ -285,6 +285,11 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
     outcome.config_changes.clear();
   };
   if (job.reread_config) {
+    // logrotate moves the file away, then sends SIGHUP: the log is reopened
+    // first, whatever becomes of the rest (a config that no longer parses
+    // left the log writing into the rotated file, deleted at the next rotation).
+    if (Status file = logging::set_file(running->config.log_file); !file.ok())
+      spdlog::error("log reopen: {}", file.error().message);
     auto reread = reader_();
     if (!reread) return fail(reload_error(400, "config_invalid", reread.error().message + " (nothing was changed)"));
     LoadedConfig merged = merge_reloaded_config(*running, *reread, outcome.config_changes);

@@ -646,6 +646,33 @@ TEST_F(ReloadTest, AdminReloadReportsChecksumOrError) {
   EXPECT_EQ(http_get(port, "/ready").status, 200) << "the old model still serves";
 }
 
+// logrotate renames the log file away, then sends SIGHUP: the server writes a
+// new file at the path even when its config file no longer parses (the
+// reload fails). It reopened the log only after a config that parsed.
+TEST_F(ReloadTest, SighupReopensTheLogFileEvenWhenTheConfigDoesNotParse) {
+  const fs::path log_file = dir_ / ("rotated-" + std::to_string(counter_) + ".log");
+  const fs::path config = dir_ / ("rotated-config-" + std::to_string(counter_) + ".json");
+  std::ofstream(config) << R"({"log_requests": true})";
+  auto server = start({"--config", config.string(), "--log-file", log_file.string(), "--watch-model", "off"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  auto file_has = [](const fs::path& path, const std::string& text) {
+    std::ifstream in(path);
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str().find(text) != std::string::npos;
+  };
+  ASSERT_TRUE(eventually([&] { return fs::exists(log_file) && fs::file_size(log_file) > 0; }));
+  fs::rename(log_file, log_file.string() + ".1");
+  std::ofstream(config) << "{ not json";
+  kill(server->pid(), SIGHUP);
+  ASSERT_TRUE(eventually([&] { return file_has(log_file, "config_invalid") || file_has(log_file, "not valid JSON"); }))
+      << "no new log file after SIGHUP";
+  ASSERT_EQ(http_get(port, "/ready").status, 200);
+  fs::remove(log_file);
+  fs::remove(log_file.string() + ".1");
+}
+
 TEST_F(ReloadTest, AdminLogsShowRecentLinesAndTheLevelChanges) {
   const fs::path log_file = dir_ / "server.log";
   auto server = start({"--log-file", log_file.string(), "--log-ring-lines", "50"});
