@@ -54,6 +54,27 @@ class Pieces {
 
 bool known_role(const std::string& role) { return role == "system" || role == "user" || role == "assistant"; }
 
+// The literal system turn a ChatML template writes itself, as Qwen1.5's and
+// Qwen2's do when the first message is not a system one:
+//   {{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}
+// Its text, or empty when the template has no such literal (a template that
+// renders message['content'] there has '+' or a quote before <|im_end|>).
+std::string literal_system_turn(std::string_view tmpl) {
+  // The opening as the template's Jinja string literal spells it ("\\n"), or
+  // with a real newline.
+  constexpr std::string_view kOpenings[] = {"<|im_start|>system\\n", "<|im_start|>system\n"};
+  for (const std::string_view opening : kOpenings) {
+    for (std::size_t at = tmpl.find(opening); at != std::string_view::npos; at = tmpl.find(opening, at + 1)) {
+      const std::size_t from = at + opening.size();
+      const std::size_t end = tmpl.find("<|im_end|>", from);
+      if (end == std::string_view::npos) break;
+      const std::string_view text = tmpl.substr(from, end - from);
+      if (!text.empty() && text.find_first_of("'\"+{}\\") == std::string_view::npos) return std::string(text);
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view choice) {
@@ -77,7 +98,11 @@ Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view c
     t.im_start_ = *im_start;
     t.im_end_ = *im_end;
     t.end_of_turn_ = {*im_end};
+    t.default_system_ = literal_system_turn(text);
     t.reason_ = std::move(reason);
+    if (!t.default_system_.empty())
+      t.reason_ += fmt::format("; a conversation without a system message gets the template's \"{}\"",
+                               t.default_system_);
     return t;
   };
   auto use_tulu = [&](std::string reason) -> Result<ChatTemplate> {
@@ -161,6 +186,12 @@ Expected<std::vector<std::int32_t>> ChatTemplate::apply(const std::vector<ChatMe
 Expected<std::vector<std::int32_t>> ChatTemplate::apply_chatml(const std::vector<ChatMessage>& messages,
                                                                bool add_generation_prompt) const {
   Pieces pieces(*tokenizer_);
+  if (!default_system_.empty() && messages.front().role != "system") {
+    pieces.id(im_start_);
+    pieces.text("system\n" + default_system_);
+    pieces.id(im_end_);
+    pieces.text("\n");
+  }
   for (const ChatMessage& message : messages) {
     pieces.id(im_start_);
     pieces.text(message.role);

@@ -61,6 +61,9 @@ class ChatTemplate {
   std::string reason_;
   std::optional<Tokenizer> tokenizer_;
   std::int32_t im_start_ = -1, im_end_ = -1, bos_ = -1, eos_ = -1;
+  // ChatML: the system turn the template adds when the conversation has none
+  // (Qwen1.5/Qwen2: "You are a helpful assistant"); empty: none.
+  std::string default_system_;
   std::vector<std::int32_t> end_of_turn_;
 };
 

@@ -485,6 +485,44 @@ constexpr const char* kTuluTemplate =
     R"(message['content'] + eos_token + '\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }})"
     R"({% endif %}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %})";
 
+// Qwen1.5-MoE-A2.7B-Chat's template, as its tokenizer_config.json has it: a
+// conversation without a system message gets the template's own.
+constexpr const char* kQwen15Template =
+    R"({% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou )"
+    R"(are a helpful assistant<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'])"
+    R"( + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+
+TEST(ChatTemplateChatML, TheTemplatesDefaultSystemMessageIsRendered) {
+  auto model = fixture_with_template(kQwen15Template, "colibri-qwen15");
+  ASSERT_NE(model, nullptr);
+  auto chat = ChatTemplate::select(*model, "auto");
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  EXPECT_EQ(chat->format(), ChatFormat::ChatML);
+  EXPECT_NE(chat->reason().find("You are a helpful assistant"), std::string::npos) << chat->reason();
+  EncodeOptions options;
+  options.add_special_tokens = false;
+  options.parse_special = true;
+  // What apply_chat_template renders, tokenized with the special tokens recognised.
+  auto without = chat->apply({{"user", "Hi"}}, true);
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(*without, *model->tokenizer().encode("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+                                                 "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                                                 options));
+  auto with = chat->apply({{"system", "Be brief."}, {"user", "Hi"}}, true);
+  ASSERT_TRUE(with.ok());
+  EXPECT_EQ(*with, *model->tokenizer().encode("<|im_start|>system\nBe brief.<|im_end|>\n"
+                                              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                                              options));
+  // A template that renders the system message from the messages has no default.
+  auto plain = ChatTemplate::select(*fixture_with_template(
+                                        R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + )"
+                                        R"(message['content'] + '<|im_end|>' + '\n'}}{% endfor %})",
+                                        "colibri-chatml-plain"),
+                                    "auto");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->reason().find("gets the template's"), std::string::npos) << plain->reason();
+}
+
 TEST(ChatTemplateTulu, RecognisedAndRenderedAsHuggingFaceDoes) {
   auto model = fixture_with_template(kTuluTemplate, "colibri-tulu");
   ASSERT_NE(model, nullptr);
