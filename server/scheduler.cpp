@@ -354,7 +354,7 @@ void Scheduler::add_decode(Job& job) {
     return;
   }
   if (job.json) {
-    job.json->push(json_vocabulary_->bytes[static_cast<std::size_t>(token)]);  // masked: it continues
+    job.json->push(json_vocabulary_->token(static_cast<std::size_t>(token), job.json->at_start()));  // masked: it continues
     if (job.json->complete()) {
       finish_with_flush(job, Finish::Stop);
       return;

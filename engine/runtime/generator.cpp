@@ -112,7 +112,7 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     running = deliver(detokenizer.push(token));
     if (!running) break;
     if (json) {
-      json->push(options.json->bytes[static_cast<std::size_t>(token)]);  // masked: it continues
+      json->push(options.json->token(static_cast<std::size_t>(token), json->at_start()));  // masked: it continues
       if (json->complete()) {
         output.finish = FinishReason::JsonComplete;
         break;

@@ -282,11 +282,18 @@ JsonVocabulary json_vocabulary(const Tokenizer& tokenizer) {
   const std::int32_t vocab = tokenizer.vocab_size();
   std::vector<std::string> bytes(static_cast<std::size_t>(vocab));
   std::vector<bool> special(static_cast<std::size_t>(vocab));
+  std::vector<std::string> first(static_cast<std::size_t>(vocab));
+  bool any_differs = false;
   for (std::int32_t id = 0; id < vocab; ++id) {
-    bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
-    special[static_cast<std::size_t>(id)] = tokenizer.is_special(id);
+    const auto at = static_cast<std::size_t>(id);
+    bytes[at] = tokenizer.token_bytes(id);
+    first[at] = tokenizer.first_token_bytes(id);
+    any_differs |= first[at] != bytes[at];
+    special[at] = tokenizer.is_special(id);
   }
-  return JsonVocabulary(std::move(bytes), std::move(special));
+  JsonVocabulary vocabulary(std::move(bytes), std::move(special));
+  if (any_differs) vocabulary.first_bytes = std::move(first);
+  return vocabulary;
 }
 
 namespace {
@@ -296,6 +303,17 @@ std::size_t mask_continuations(const JsonPrefix& state, const JsonVocabulary& vo
   std::size_t selectable = 0;
   const std::size_t n = std::min(logits.size(), vocabulary.bytes.size());
   for (std::size_t id = n; id < logits.size(); ++id) logits[id] = kBanned;
+  if (state.at_start() && !vocabulary.first_bytes.empty()) {
+    // The first token's bytes as it starts the text: a walk each, once.
+    for (std::size_t id = 0; id < n; ++id) {
+      const std::string& bytes = vocabulary.first_bytes[id];
+      JsonPrefix next = state;
+      const bool ok = !vocabulary.banned[id] && !bytes.empty() && next.push_on_copy(bytes);
+      if (ok) ++selectable;
+      else logits[id] = kBanned;
+    }
+    return selectable;
+  }
   if (state.in_plain_string()) {
     // Most tokens continue a string: a lookup each, a walk for the rest.
     for (std::size_t id = 0; id < n; ++id) {
@@ -346,8 +364,8 @@ std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& voca
     const auto at = static_cast<std::size_t>(id);
     // Counted above when its bytes continue the text; banned now either way.
     JsonPrefix next = state;
-    if (at < vocabulary.bytes.size() && !vocabulary.banned[at] && !vocabulary.bytes[at].empty() &&
-        next.push_on_copy(vocabulary.bytes[at]))
+    if (at < vocabulary.bytes.size() && !vocabulary.banned[at] && !vocabulary.token(at, state.at_start()).empty() &&
+        next.push_on_copy(vocabulary.token(at, state.at_start())))
       --selectable;
     logits[at] = -std::numeric_limits<float>::infinity();
   }

@@ -43,6 +43,8 @@ class JsonPrefix {
 
   // The top-level object is closed: nothing but whitespace may follow.
   bool complete() const { return state_ == State::Done; }
+  // Nothing taken yet: the next token is the text's first.
+  bool at_start() const { return state_ == State::Start; }
   // Inside a string, between characters: any printable ASCII but '"' and '\\'
   // keeps it so.
   bool in_plain_string() const { return state_ == State::String && utf8_pending_ == 0 && !low_due_; }
@@ -108,10 +110,19 @@ struct JsonVocabulary {
   // over without a step per token.
   std::vector<std::int32_t> by_first_byte;
   std::vector<std::uint32_t> first_byte_start;  // 257 offsets
+  // By token id, the bytes of a token that starts the text, where any differ
+  // from `bytes` (a SentencePiece decoder strips the first token's leading
+  // space: "▁{" is " {" mid-text, "{" first); empty when none does.
+  std::vector<std::string> first_bytes;
+  // The bytes a token adds to a text: its first one's when `first`.
+  const std::string& token(std::size_t id, bool first) const {
+    return first && !first_bytes.empty() ? first_bytes[id] : bytes[id];
+  }
 };
 
 class Tokenizer;
-// Every token's bytes as they read mid-text; special tokens banned.
+// Every token's bytes as they read mid-text, and as they start a text where
+// that differs; special tokens banned.
 JsonVocabulary json_vocabulary(const Tokenizer& tokenizer);
 
 // Sets to -inf the logits of every token whose bytes cannot continue `state`

@@ -113,6 +113,12 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
   return impl_->raw_piece(*content, false);
 }
 
+std::string Tokenizer::first_token_bytes(std::int32_t id) const {
+  const std::string* content = impl_->token_content(id);
+  if (content == nullptr) return {};
+  return impl_->raw_piece(*content, true);
+}
+
 std::optional<std::string> Tokenizer::id_to_token(std::int32_t id) const {
   const std::string* content = impl_->token_content(id);
   if (content == nullptr) return std::nullopt;

@@ -50,6 +50,9 @@ class Tokenizer {
   // Raw bytes of one token's piece as it reads mid-text (may be partial UTF-8; e.g.
   // "▁the" -> " the", "<0xE2>" -> "\xE2"). Empty if the id is out of range.
   std::string token_bytes(std::int32_t id) const;
+  // The same as the first token of a text reads: a decoder that strips a
+  // leading space (SentencePiece's "▁{" -> "{") strips it here.
+  std::string first_token_bytes(std::int32_t id) const;
   // The token's string as stored in tokenizer.json (e.g. "Ġthe"); nullopt if unknown.
   std::optional<std::string> id_to_token(std::int32_t id) const;
   std::optional<std::int32_t> token_to_id(std::string_view piece) const;

@@ -1,9 +1,11 @@
 #include "runtime/json_prefix.h"
+#include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
@@ -173,6 +175,35 @@ TEST(JsonPrefix, MaskKeepsExactlyTheTokensThatContinue) {
   std::fill(logits.begin(), logits.end(), 0.0f);
   EXPECT_EQ(mask_json_logits(json, vocabulary, logits), 8u);
   EXPECT_EQ(logits, (std::vector<float>{0, 0, 0, banned, 0, 0, 0, banned, 0, banned, 0, banned, banned}));
+}
+
+// A SentencePiece vocabulary's first token loses its leading space in the text
+// ("▁{" is "{" there), so it may start the object; the mask read every token
+// as mid-text (" {"), which no object starts with, and forced the rarer "{".
+TEST(JsonPrefix, TheFirstTokenIsTakenAsItStartsTheText) {
+  auto llama = Tokenizer::load(std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "tokenizers" / "llama2");
+  ASSERT_TRUE(llama.ok()) << llama.error().message;
+  const JsonVocabulary vocabulary = json_vocabulary(*llama);
+  ASSERT_FALSE(vocabulary.first_bytes.empty());
+  const auto spaced_brace = llama->token_to_id("\u2581{");
+  ASSERT_TRUE(spaced_brace.has_value());
+  const auto id = static_cast<std::size_t>(*spaced_brace);
+  EXPECT_EQ(vocabulary.bytes[id], " {");
+  EXPECT_EQ(vocabulary.token(id, true), "{");
+  std::vector<float> logits(vocabulary.bytes.size(), 0.0f);
+  JsonPrefix json;
+  EXPECT_GT(mask_json_logits(json, vocabulary, logits), 1u);
+  EXPECT_EQ(logits[id], 0.0f) << "\"\u2581{\" cannot start the object";
+  ASSERT_TRUE(json.push(vocabulary.token(id, json.at_start())));
+  // Mid-text the same token is " {": a value of a key, say.
+  ASSERT_TRUE(json.push(std::string_view("\"k\":")));
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  mask_json_logits(json, vocabulary, logits);
+  EXPECT_EQ(logits[id], 0.0f);
+  // A byte-level vocabulary reads the same first or not.
+  auto qwen = Tokenizer::load(std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "fixtures" / "qwen3moe-tiny");
+  ASSERT_TRUE(qwen.ok()) << qwen.error().message;
+  EXPECT_TRUE(json_vocabulary(*qwen).first_bytes.empty());
 }
 
 // The mask's shortcuts (a lookup inside strings, groups by first byte
