@@ -99,6 +99,11 @@ int register_range(const void* begin, std::size_t size, std::atomic<bool>* damag
 void unregister_range(int slot) {
   if (slot < 0 || static_cast<std::size_t>(slot) >= g_ranges.size()) return;
   Range& range = g_ranges[static_cast<std::size_t>(slot)];
+  // The sentinel end first, as register_range fills a slot: the range then
+  // covers no address while it is cleared (cleared begin first, it briefly
+  // covered [0, end), and a fault below the model would have zeroed the
+  // pages from address 0 up), and the slot stays claimed until it is free.
+  range.end.store(1, std::memory_order_release);
   range.begin.store(0, std::memory_order_release);
   range.damaged.store(nullptr, std::memory_order_release);
   range.end.store(0, std::memory_order_release);
