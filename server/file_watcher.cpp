@@ -71,6 +71,14 @@ bool FileWatcher::drain_events() {
       const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
       const std::string name = event->len > 0 ? std::string(event->name) : std::string();
       if (name_.empty() || name == name_ || (event->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) != 0) relevant = true;
+      // The watched directory itself went away (its watch with it), or events
+      // were lost: stat() the path from now on, until a reload arms a new
+      // watch. Else a directory replaced after the quiet period was never
+      // watched again.
+      if ((event->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_Q_OVERFLOW)) != 0) {
+        poll_ = true;
+        relevant = true;
+      }
       at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
     }
   }

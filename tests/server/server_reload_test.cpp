@@ -412,6 +412,33 @@ TEST_F(ReloadTest, AFailedReloadLeavesTheConfigurationAsItWas) {
   EXPECT_EQ(http_post(port, "/v1/completions", request).status, 400);
 }
 
+// watch_model = inotify watches the model's directory: when that directory is
+// renamed away and a new one appears after the quiet period, the watch was
+// gone for good and the new file was never loaded. Now the watcher falls back
+// to stat() until a reload arms a new watch.
+TEST_F(ReloadTest, InotifyFollowsTheModelsDirectoryReplacedLater) {
+  const fs::path models = dir_ / ("models-" + std::to_string(counter_));
+  fs::create_directories(models);
+  fs::copy_file(dir_ / "a.colibri", models / "model.colibri");
+  std::string error;
+  auto server = ServerProcess::start({"--model", (models / "model.colibri").string(), "--grpc-port", "-1",
+                                      "--watch-model", "inotify", "--watch-quiet-ms", "100",
+                                      "--watch-interval-ms", "200"},
+                                     error);
+  ASSERT_NE(server, nullptr) << error;
+  const int port = server->port();
+  const std::string before = checksum(port);
+  fs::rename(models, models.string() + ".old");
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the quiet period
+  fs::create_directories(models);
+  fs::copy_file(dir_ / "b.colibri", models / "model.tmp");
+  fs::rename(models / "model.tmp", models / "model.colibri");
+  EXPECT_TRUE(eventually([&] { return checksum(port) != before && !checksum(port).empty(); }, std::chrono::seconds(10)))
+      << server->log();
+  fs::remove_all(models);
+  fs::remove_all(models.string() + ".old");
+}
+
 // Routing counts summed over every layer and expert, as /metrics shows them.
 double routed_tokens(int port) {
   const std::string metrics = http_get(port, "/metrics").body;
