@@ -257,7 +257,15 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
     auto pinned = parse_pinned(config.pinned_experts);
     if (!pinned) return make_error("pinned_experts: {}", pinned.error().message);
     store.pinned = std::move(*pinned);
+    // Opening reads experts of the new mapping (pinned ones, a preload) before
+    // it is registered with the SIGBUS guard: a file truncated meanwhile
+    // fails this load instead of killing the server that still serves the
+    // old model.
+    sigbus::LoadScope scope;
     auto opened = ExpertStore::open(model, std::move(store));
+    if (scope.faulted())
+      return make_error("{}: the file was truncated while its experts were being read (SIGBUS caught); not loaded",
+                        config.model);
     if (!opened) return make_error("expert_cache_mb {}: {}", config.expert_cache_mb, opened.error().message);
     if (!(*opened)->io_note().empty()) spdlog::warn("expert store: {}", (*opened)->io_note());
     options.expert_store = std::move(*opened);

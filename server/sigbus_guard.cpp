@@ -62,8 +62,12 @@ void on_sigbus(int, siginfo_t* info, void*) {
       [[maybe_unused]] ssize_t n = ::write(g_notify_fd, &byte, 1);
     }
   } else {
-    // Not a model mapping: let the fault kill the process as it would have.
+    // Not a model mapping: let the fault kill the process as it would have
+    // (returning re-runs the faulting access). A SIGBUS sent by kill() has no
+    // access to re-run: raised again, it ends the process as it asked, instead
+    // of leaving it alive with the guard disarmed.
     signal(SIGBUS, SIG_DFL);
+    if (info->si_code <= 0) raise(SIGBUS);
   }
   errno = saved_errno;
 }

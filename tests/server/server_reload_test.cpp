@@ -439,6 +439,18 @@ TEST_F(ReloadTest, InotifyFollowsTheModelsDirectoryReplacedLater) {
   fs::remove_all(models.string() + ".old");
 }
 
+// A SIGBUS sent with kill() ends the process as the default action does. The
+// guard's handler disarmed itself and returned, so the process lived on
+// without its guard, and the next truncation of a served file killed it.
+TEST_F(ReloadTest, ASigbusSentByKillEndsTheProcess) {
+  auto server = start();
+  ASSERT_NE(server, nullptr);
+  kill(server->pid(), SIGBUS);
+  const int status = server->wait_exit(std::chrono::seconds(10));
+  ASSERT_NE(status, -1) << "still running 10 s after kill -BUS";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS) << status;
+}
+
 // Routing counts summed over every layer and expert, as /metrics shows them.
 double routed_tokens(int port) {
   const std::string metrics = http_get(port, "/metrics").body;
