@@ -145,6 +145,11 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
 
   std::int32_t default_head_dim = config.hidden / config.n_heads;
   COLIBRI_READ(head_dim, reader.optional_int("head_dim", default_head_dim, 1, kMaxDim));
+  // The default is hidden_size / num_attention_heads, 0 when the heads
+  // outnumber the hidden units: a head of no dimension (found by the fuzzer).
+  if (config.head_dim < 1)
+    return make_error("{}: head_dim is 0 (hidden_size {} / num_attention_heads {}): give head_dim", source,
+                      config.hidden, config.n_heads);
   if (arch.has_shared_expert)
     COLIBRI_READ(shared_ff, reader.required_int(arch.config_keys.shared_ff, 1, kMaxDim));
 

@@ -82,6 +82,13 @@ TEST(ModelConfig, WrongTypesAndRangesAreErrors) {
   config["head_dim"] = 65536;
   EXPECT_NE(error_of(config).find("num_attention_heads x head_dim = 65537 x 65536"), std::string::npos)
       << error_of(config);
+  // More heads than hidden units and no head_dim: the default would be 0.
+  config = fixture_config("olmoe-tiny");
+  config["num_attention_heads"] = 80;
+  config["num_key_value_heads"] = 4;
+  config.erase("head_dim");
+  EXPECT_NE(error_of(config).find("head_dim is 0 (hidden_size 64 / num_attention_heads 80)"), std::string::npos)
+      << error_of(config);
   config = fixture_config("mixtral-tiny");
   config["num_hidden_layers"] = 1024;
   config["num_local_experts"] = 4096;
