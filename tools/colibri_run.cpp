@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/text_file.h"
+
 #include "model/model.h"
 #include "runtime/batch_decoder.h"
 #include "runtime/generator.h"
@@ -105,7 +107,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json-object", json_object,
                "Constrain the output to one JSON object; generation ends when it closes (as the server's "
                "response_format json_object)");
-  app.add_option("-c,--context", context, "Context length (0 = the model's, at most 4096)")->capture_default_str();
+  app.add_option("-c,--context", context,
+                 "Context length (0 = the model's, at most 4096; more than the model's is refused)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--parse-special", parse_special,
                "Let special-token text in the prompt (e.g. <|im_start|>) become control tokens");
   app.add_flag("--no-special", no_special, "Do not add BOS/EOS tokens to the prompt");
@@ -133,16 +138,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   const colibri::Tokenizer& tokenizer = (*model)->tokenizer();
+  // A longer context than the model's positions was cut to them silently.
+  if (context > (*model)->config().max_positions) {
+    std::fprintf(stderr, "colibri-run: --context %d is more than the model's %d positions (max_position_embeddings)\n",
+                 context, (*model)->config().max_positions);
+    return 2;
+  }
 
   if (!prompt_file.empty()) {
-    std::ifstream in(prompt_file, std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "colibri-run: cannot read prompt file %s\n", prompt_file.c_str());
+    // A directory, a FIFO or a read error is refused; read through an
+    // ifstream, a directory read as an empty prompt and the run went on.
+    auto text = colibri::read_text_file(prompt_file);
+    if (!text) {
+      std::fprintf(stderr, "colibri-run: prompt file: %s\n", text.error().message.c_str());
       return 2;
     }
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    prompt = buffer.str();
+    prompt = std::move(text).value();
   }
 
   std::vector<std::int32_t> tokens;

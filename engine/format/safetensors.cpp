@@ -203,7 +203,21 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::filesystem:
   std::unordered_map<std::string, std::string> expected_shard;  // tensor -> shard, from the index
   auto index_path = model_dir / "model.safetensors.index.json";
   auto single_path = model_dir / "model.safetensors";
-  if (std::filesystem::exists(index_path)) {
+  // Whether a path names something, without throwing: a symlink loop or an
+  // unreadable directory is an error that names the path (the throwing
+  // exists() ended the process).
+  auto present = [](const std::filesystem::path& path) -> Result<bool> {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      return make_error("{}: cannot be read: {}", path.string(), ec.message());
+    return std::filesystem::exists(status);
+  };
+  auto has_index = present(index_path);
+  if (!has_index) return has_index.error();
+  auto has_single = present(single_path);
+  if (!has_single) return has_single.error();
+  if (*has_index) {
     auto index = read_json_file(index_path);
     if (!index) return index.error();
     auto map_it = index->find("weight_map");
@@ -223,7 +237,7 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::filesystem:
       if (!path) return path.error();
       shard_paths.push_back(*path);
     }
-  } else if (std::filesystem::exists(single_path)) {
+  } else if (*has_single) {
     shard_paths.push_back(single_path);
   } else {
     return make_error("{}: no model.safetensors or model.safetensors.index.json", model_dir.string());

@@ -130,13 +130,15 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     return make_error("{}: no such file or directory", path.string());
-  // A single GGUF file carries config, tokenizer and weights together: known
-  // by its extension or, under another name, by its magic.
+  // A single GGUF file carries config, tokenizer and weights together. A file
+  // is known by its magic, whatever its name; the extension decides only for
+  // a file too short to have one.
   const bool gguf = std::filesystem::is_regular_file(path, ec) && [&] {
-    if (path.extension() == ".gguf") return true;
-    char magic[4] = {};
+    char magic[8] = {};
     std::ifstream in(path, std::ios::binary);
-    return in.read(magic, sizeof magic) && std::memcmp(magic, "GGUF", 4) == 0;
+    if (!in.read(magic, sizeof magic)) return path.extension() == ".gguf";
+    if (std::memcmp(magic, "COLIBRI", 8) == 0) return false;
+    return std::memcmp(magic, "GGUF", 4) == 0 || path.extension() == ".gguf";
   }();
   if (std::filesystem::is_regular_file(path, ec) && !gguf) return load_colibri(path, options);
   if (gguf) {

@@ -299,6 +299,13 @@ TEST(ColibriForeign, OtherFormatsAreNamedAndAGgufLoadsUnderAnyName) {
   auto model = Model::load(renamed);
   ASSERT_TRUE(model.ok()) << model.error().message;
   EXPECT_EQ((*model)->config().n_experts, 16);
+  // And a .colibri file named *.gguf loads as what it is.
+  const auto colibri_file = tmp / "converted.colibri";
+  ASSERT_TRUE(convert_checkpoint(dir, colibri_file, "int8").ok());
+  std::filesystem::rename(colibri_file, tmp / "converted.gguf");
+  auto misnamed = Model::load(tmp / "converted.gguf");
+  ASSERT_TRUE(misnamed.ok()) << misnamed.error().message;
+  EXPECT_FALSE((*misnamed)->file_checksum().empty());
 }
 
 // The committed seed corpus is exactly these files plus the valid one, so the

@@ -178,6 +178,16 @@ TEST_F(ShardedCheckpoint, ShardPathEscapingTheDirectoryIsRejected) {
   }
 }
 
+// A symlink loop where the index would be is an error naming it; the throwing
+// exists() ended the process with an uncaught filesystem_error.
+TEST_F(ShardedCheckpoint, ASymlinkLoopIsAnErrorNotACrash) {
+  std::filesystem::create_symlink("model.safetensors.index.json", model() / "model.safetensors.index.json");
+  auto checkpoint = SafetensorsCheckpoint::open(model());
+  ASSERT_FALSE(checkpoint.ok());
+  EXPECT_NE(checkpoint.error().message.find("model.safetensors.index.json: cannot be read"), std::string::npos)
+      << checkpoint.error().message;
+}
+
 TEST_F(ShardedCheckpoint, SymlinkedShardsAreFollowedAsInTheHuggingFaceCache) {
   write(dir_ / "blob", image(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
   std::filesystem::create_symlink(dir_ / "blob", model() / "link.safetensors");

@@ -56,3 +56,17 @@ done
     > /dev/null 2> "$work/err.txt" ) || { echo "FAIL --max-tokens 2000000000: exit $?"; cat "$work/err.txt"; exit 1; }
 grep -q "generated" "$work/err.txt" || { echo "FAIL --max-tokens 2000000000: no summary"; cat "$work/err.txt"; exit 1; }
 echo "--max-tokens 2000000000: $(tail -1 "$work/err.txt")"
+
+# A prompt file that is not a readable regular file (a directory read as an
+# empty prompt and the run went on), and a context the model does not have
+# (it was cut to the model's silently), are refused with exit 2.
+mkdir -p "$work/not-a-file"
+for args in "--prompt-file $work/not-a-file" "--prompt hi --context 100000000"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$run" --model "$data_dir/fixtures/qwen3moe-tiny" $args --max-tokens 2 > /dev/null 2> "$work/err.txt"
+  status=$?
+  set -e
+  [[ $status -eq 2 ]] || { echo "FAIL $args: exit $status, not 2"; cat "$work/err.txt"; exit 1; }
+  echo "refused ($args): $(head -1 "$work/err.txt")"
+done
