@@ -188,6 +188,12 @@ int main(int argc, char** argv) {
   colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get(),
                            kv_cache_flag.type());
   prefill_activations.apply(session);
+  // Checked before the run, which may be long: it was found unwritable only
+  // after it, and the logits were lost.
+  if (!logits_out.empty() && !std::ofstream(logits_out, std::ios::app)) {
+    std::fprintf(stderr, "colibri-run: cannot write %s\n", logits_out.c_str());
+    return 1;
+  }
   std::ofstream dump;
   if (!dump_tensors.empty()) {
     dump.open(dump_tensors);

@@ -28,23 +28,32 @@ struct StoreFlags {
     app.add_option("--expert-cache-mb", cache_mb,
                    "Bound the memory of routed experts to N MiB, loading the experts each token uses on "
                    "demand (.colibri files; 0 = every expert used in place in the file mapping)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--cache-policy", policy, "Which expert leaves when the budget is full: lru, lfu or fifo")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::IsMember({"lru", "lfu", "fifo"}));
     app.add_option("--cache-io", io,
                    "How experts are read: pread-direct (O_DIRECT, no page cache), pread, or mmap "
                    "(the mapping, populated and paged out)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::IsMember({"pread-direct", "pread", "mmap"}));
     app.add_option("--cache-preload", preload,
                    "Read experts into the budget when the store opens, in file order: auto (when the budget "
                    "holds every expert, so no token waits for a read), on (fill the budget even when it cannot "
                    "hold every expert), off (read each expert when first needed)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     app.add_option("--prefetch", prefetch,
                    "off (default, measured best here): read missing experts one by one when needed; on: read a layer's missing experts "
                    "in parallel on loader threads; next: also prefetch the next layer's predicted experts")
-        ->capture_default_str();
-    app.add_option("--pinned-experts", pinned, "Experts never evicted, as layer:expert,layer:expert");
+        ->capture_default_str()
+        ->check(CLI::IsMember({"off", "on", "next"}));
+    app.add_option("--pinned-experts", pinned, "Experts never evicted, as layer:expert,layer:expert")
+        ->check([](const std::string& text) {
+          auto parsed = colibri::parse_pinned(text);
+          return parsed ? std::string() : parsed.error().message;
+        });
     app.add_flag("--cache-verify", verify, "Check each expert block's checksum when it is read");
   }
 
@@ -53,9 +62,18 @@ struct StoreFlags {
     return p ? *p : colibri::EvictionPolicy::LRU;
   }
 
-  // The store the flags describe, or null with --expert-cache-mb 0.
+  // The store the flags describe, or null with --expert-cache-mb 0. The other
+  // flags need a budget: without one they were accepted and did nothing.
   colibri::Result<std::unique_ptr<colibri::ExpertStore>> open(std::shared_ptr<const colibri::Model> model) const {
-    if (cache_mb <= 0) return std::unique_ptr<colibri::ExpertStore>();
+    if (cache_mb <= 0) {
+      const StoreFlags defaults;
+      if (policy != defaults.policy || io != defaults.io || preload != defaults.preload ||
+          prefetch != defaults.prefetch || !pinned.empty() || verify)
+        return colibri::make_error(
+            "--cache-policy, --cache-io, --cache-preload, --prefetch, --pinned-experts and --cache-verify set how a "
+            "bounded expert store works: give its budget too (--expert-cache-mb)");
+      return std::unique_ptr<colibri::ExpertStore>();
+    }
     colibri::ExpertStoreOptions options;
     options.budget_bytes = static_cast<std::uint64_t>(cache_mb * 1048576.0);
     auto p = colibri::parse_policy(policy);

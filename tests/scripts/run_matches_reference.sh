@@ -70,3 +70,23 @@ for args in "--prompt-file $work/not-a-file" "--prompt hi --context 100000000"; 
   [[ $status -eq 2 ]] || { echo "FAIL $args: exit $status, not 2"; cat "$work/err.txt"; exit 1; }
   echo "refused ($args): $(head -1 "$work/err.txt")"
 done
+
+# The expert-store flags: a bad value, or one given without a budget, is an
+# error (they were accepted and did nothing).
+for args in "--cache-policy bogus" "--pinned-experts x" "--expert-cache-mb -5" "--pinned-experts 0:1" "--prefetch on"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$run" --model "$data_dir/fixtures/qwen3moe-tiny" --prompt hi $args --max-tokens 2 > /dev/null 2> "$work/err.txt"
+  status=$?
+  set -e
+  [[ $status -ne 0 ]] || { echo "FAIL $args: accepted"; exit 1; }
+  grep -Eq "cache-policy|pinned|expert-cache-mb|prefetch" "$work/err.txt" || { echo "FAIL $args: $(cat "$work/err.txt")"; exit 1; }
+done
+
+# An unwritable --logits-out is refused before the run, not after it.
+set +e
+"$run" --model "$data_dir/fixtures/qwen3moe-tiny" --prompt hi --max-tokens 2 --logits-out "$work/no/such/dir/x.json" \
+  > "$work/out.txt" 2> "$work/err.txt"
+status=$?
+set -e
+[[ $status -ne 0 && ! -s $work/out.txt ]] || { echo "FAIL --logits-out unwritable: exit $status, printed $(cat "$work/out.txt")"; exit 1; }
