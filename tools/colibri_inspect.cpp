@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   auto file = colibri::MappedFile::open(path);
   if (!file) return fail(json, path, file.error().message);
   const auto bytes = file->bytes();
-  if (bytes.size() >= 4 && bytes[0] == 'G' && bytes[1] == 'G' && bytes[2] == 'U' && bytes[3] == 'F') {
+  if (colibri::has_gguf_magic(bytes)) {
     auto gguf = colibri::parse_gguf(bytes, path);
     if (!gguf) return fail(json, path, gguf.error().message);
     return colibri_tools::print_gguf_summary(*gguf, path, bytes.size(), json) ? kExitOk : kExitInvalid;

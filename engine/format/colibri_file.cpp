@@ -1,4 +1,5 @@
 #include "format/colibri_file.h"
+#include "format/gguf.h"
 
 #include <xxhash.h>
 
@@ -50,7 +51,7 @@ Status check_disjoint(std::vector<Extent> extents, std::string_view source) {
 // What a file that is not .colibri seems to be, for the error: the formats a
 // model is most often handed over in by mistake, else its first bytes.
 std::string describe_foreign(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0)
+  if (has_gguf_magic(bytes))
     return "it is a GGUF file: name it *.gguf to load it as one, or convert it with colibri-convert";
   // safetensors: a little-endian u64 header length, then the JSON header.
   if (bytes.size() >= 9 && bytes[8] == '{')

@@ -158,7 +158,7 @@ class GgufParser {
     Gguf out;
     out.source_ = std::string(source_);
     COLIBRI_TRY(need(4, "the magic"));
-    if (std::memcmp(image_.data(), "GGUF", 4) != 0)
+    if (!has_gguf_magic(image_))
       return make_error("{}: not a GGUF file (magic bytes {:02x} {:02x} {:02x} {:02x}, expected \"GGUF\")",
                         source_, image_[0], image_[1], image_[2], image_[3]);
     pos_ = 4;

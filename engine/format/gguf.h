@@ -130,6 +130,12 @@ class Gguf {
 // error messages. The result points into `image`.
 Result<Gguf> parse_gguf(std::span<const std::uint8_t> image, std::string_view source);
 
+// Whether `bytes` begin with GGUF's magic ("GGUF"): how a file is known to be
+// one whatever its name.
+inline bool has_gguf_magic(std::span<const std::uint8_t> bytes) {
+  return bytes.size() >= 4 && bytes[0] == 'G' && bytes[1] == 'G' && bytes[2] == 'U' && bytes[3] == 'F';
+}
+
 // A GGUF file mapped into memory and parsed.
 class GgufFile {
  public:

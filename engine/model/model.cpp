@@ -11,6 +11,8 @@
 
 #include "core/arena.h"
 #include "core/system_memory.h"
+#include "format/colibri_file.h"
+#include "format/gguf.h"
 #include "format/gguf_source.h"
 #include "format/safetensors_source.h"
 #include "model/tensor_plan.h"
@@ -133,14 +135,15 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   // A single GGUF file carries config, tokenizer and weights together. A file
   // is known by its magic, whatever its name; the extension decides only for
   // a file too short to have one.
-  const bool gguf = std::filesystem::is_regular_file(path, ec) && [&] {
-    char magic[8] = {};
+  const bool regular = std::filesystem::is_regular_file(path, ec);
+  const bool gguf = regular && [&] {
+    std::uint8_t magic[sizeof colibri_format::kMagic] = {};
     std::ifstream in(path, std::ios::binary);
-    if (!in.read(magic, sizeof magic)) return path.extension() == ".gguf";
-    if (std::memcmp(magic, "COLIBRI", 8) == 0) return false;
-    return std::memcmp(magic, "GGUF", 4) == 0 || path.extension() == ".gguf";
+    if (!in.read(reinterpret_cast<char*>(magic), sizeof magic)) return path.extension() == ".gguf";
+    if (std::memcmp(magic, colibri_format::kMagic, sizeof magic) == 0) return false;
+    return has_gguf_magic(magic) || path.extension() == ".gguf";
   }();
-  if (std::filesystem::is_regular_file(path, ec) && !gguf) return load_colibri(path, options);
+  if (regular && !gguf) return load_colibri(path, options);
   if (gguf) {
     auto gguf = open_gguf_model(path);
     if (!gguf) return gguf.error();
