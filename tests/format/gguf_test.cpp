@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <fmt/format.h>
+#include <optional>
 
 #include <fstream>
 #include <limits>
@@ -651,6 +653,22 @@ TEST(GgufMalformed, RandomCorruptionOfAFixtureHeaderFailsCleanly) {
 // that Llama's tokenizer.model appends (these scores regenerate that file's
 // 58980 merges exactly, in order), 0 for control and byte pieces. Encoding
 // through the GGUF path must give Hugging Face's ids for every string.
+// A GGUF holding only a SentencePiece ("llama") vocabulary: its pieces,
+// scores and types, <unk> at 0, and the BOS (and EOS) ids given.
+std::vector<std::uint8_t> sentencepiece_gguf(const std::vector<std::string>& tokens, const std::vector<float>& scores,
+                                             const std::vector<std::int32_t>& types, std::uint32_t bos,
+                                             std::optional<std::uint32_t> eos = std::nullopt) {
+  GgufBuilder b;
+  b.kv_string("tokenizer.ggml.model", "llama");
+  b.kv_strings("tokenizer.ggml.tokens", tokens);
+  b.kv_f32s("tokenizer.ggml.scores", scores);
+  b.kv_i32s("tokenizer.ggml.token_type", types);
+  b.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+  b.kv_u32("tokenizer.ggml.bos_token_id", bos);
+  if (eos) b.kv_u32("tokenizer.ggml.eos_token_id", *eos);
+  return b.build();
+}
+
 TEST(GgufSynthesis, SentencePieceVocabularyMatchesHuggingFace) {
   const auto dir = std::filesystem::path(COLIBRI_TEST_DATA_DIR) / "tokenizers" / "llama2";
   std::ifstream in(dir / "tokenizer.json");
@@ -667,15 +685,7 @@ TEST(GgufSynthesis, SentencePieceVocabularyMatchesHuggingFace) {
     types[id] = id == 0 ? 2 : id <= 2 ? 3 : byte ? 6 : 1;
     scores[id] = types[id] != 1 ? 0.0f : spaces ? -1e9f : -static_cast<float>(id);
   }
-  GgufBuilder b;
-  b.kv_string("tokenizer.ggml.model", "llama");
-  b.kv_strings("tokenizer.ggml.tokens", tokens);
-  b.kv_f32s("tokenizer.ggml.scores", scores);
-  b.kv_i32s("tokenizer.ggml.token_type", types);
-  b.kv_u32("tokenizer.ggml.unknown_token_id", 0);
-  b.kv_u32("tokenizer.ggml.bos_token_id", 1);
-  b.kv_u32("tokenizer.ggml.eos_token_id", 2);
-  auto bytes = b.build();
+  auto bytes = sentencepiece_gguf(tokens, scores, types, 1, 2);
   auto g = parse_gguf(bytes, "llama2-vocab.gguf");
   ASSERT_TRUE(g.ok()) << g.error().message;
   auto texts = gguf_hf_tokenizer_json(*g);
@@ -715,19 +725,12 @@ TEST(GgufSynthesis, SentencePieceVocabularyMatchesHuggingFace) {
 TEST(GgufSynthesis, AHugeSentencePiecePieceDoesNotStallTheLoad) {
   // More than 20 pieces: libstdc++ looks up fewer by comparing, not hashing.
   std::vector<std::string> tokens = {"<unk>", "a", "aa", std::string(1 << 20, 'a')};
-  for (int i = 0; i < 60; ++i) tokens.push_back("b" + std::to_string(i));
+  for (int i = 0; i < 60; ++i) tokens.push_back(fmt::format("b{}", i));
   std::vector<float> scores(tokens.size());
   std::vector<std::int32_t> types(tokens.size(), 1);
   for (std::size_t i = 0; i < tokens.size(); ++i) scores[i] = -static_cast<float>(i);
   types[0] = 2;
-  GgufBuilder b;
-  b.kv_string("tokenizer.ggml.model", "llama");
-  b.kv_strings("tokenizer.ggml.tokens", tokens);
-  b.kv_f32s("tokenizer.ggml.scores", scores);
-  b.kv_i32s("tokenizer.ggml.token_type", types);
-  b.kv_u32("tokenizer.ggml.unknown_token_id", 0);
-  b.kv_u32("tokenizer.ggml.bos_token_id", 0);
-  auto bytes = b.build();
+  auto bytes = sentencepiece_gguf(tokens, scores, types, 0);
   auto g = parse_gguf(bytes, "spm.gguf");
   ASSERT_TRUE(g.ok()) << g.error().message;
   const auto start = std::chrono::steady_clock::now();

@@ -1053,6 +1053,24 @@ std::string read_until_closed(int fd, int timeout_ms) {
   return read_until(fd, timeout_ms, [](const std::string&) { return false; });
 }
 
+// `bytes` sent on a new connection, then everything read until the server
+// closes it (or `timeout_ms` passes), and how long that took.
+struct RawExchange {
+  std::string text;
+  double seconds = 0;
+};
+RawExchange exchange_raw(int port, const std::string& bytes, int timeout_ms = 5000) {
+  const int fd = connect_loopback(port);
+  EXPECT_GE(fd, 0);
+  send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  const auto start = std::chrono::steady_clock::now();
+  RawExchange out;
+  out.text = read_until_closed(fd, timeout_ms);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  close(fd);
+  return out;
+}
+
 // Occurrences of `what` in `text`.
 std::size_t count_of(const std::string& text, const std::string& what) {
   std::size_t n = 0;
@@ -1474,13 +1492,7 @@ TEST(HttpListenTest, MoreThan100HeaderFieldsOrAnOver8KbLineGet431) {
   auto server = ServerProcess::start({"--grpc-port", "-1"}, error);
   ASSERT_NE(server, nullptr) << error;
   auto answer = [&](const std::string& headers) {
-    const int fd = connect_loopback(server->port());
-    EXPECT_GE(fd, 0);
-    const std::string request = "GET /health HTTP/1.1\r\n" + headers + "Connection: close\r\n\r\n";
-    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    const std::string got = read_until_closed(fd, 5000);
-    close(fd);
-    return got;
+    return exchange_raw(server->port(), "GET /health HTTP/1.1\r\n" + headers + "Connection: close\r\n\r\n").text;
   };
   auto fields = [](int n) {  // n fields with the Connection: close answer() adds
     std::string out = "Host: x\r\n";
@@ -1510,15 +1522,7 @@ TEST(HttpListenTest, APipelinedRequestIsCheckedAndNotWaitedFor) {
   std::string error;
   auto server = ServerProcess::start({"--grpc-port", "-1", "--read-timeout-s", "20"}, error);
   ASSERT_NE(server, nullptr) << error;
-  auto exchange = [&](const std::string& bytes) {
-    const int fd = connect_loopback(server->port());
-    EXPECT_GE(fd, 0);
-    send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    const auto start = std::chrono::steady_clock::now();
-    std::string got = read_until_closed(fd, 10000);
-    close(fd);
-    return std::pair{got, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
-  };
+  auto exchange = [&](const std::string& bytes) { return exchange_raw(server->port(), bytes, 10000); };
   const std::string first = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
   auto [partial, partial_s] = exchange(first + "POST /v1/completions HTTP/1.1\r\n");
   EXPECT_EQ(partial.rfind("HTTP/1.1 200", 0), 0u) << partial.substr(0, 200);
@@ -1543,14 +1547,7 @@ TEST(HttpListenTest, AGetWithABodyAndAPostWithoutALengthAreRefused) {
   std::string error;
   auto server = ServerProcess::start({"--grpc-port", "-1"}, error);
   ASSERT_NE(server, nullptr) << error;
-  auto answer = [&](const std::string& request) {
-    const int fd = connect_loopback(server->port());
-    EXPECT_GE(fd, 0);
-    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    std::string got = read_until_closed(fd, 5000);
-    close(fd);
-    return got;
-  };
+  auto answer = [&](const std::string& request) { return exchange_raw(server->port(), request).text; };
   std::string got = answer("GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
   EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got.substr(0, 300);
   EXPECT_NE(got.find("body_not_allowed"), std::string::npos) << got.substr(0, 300);
@@ -1601,15 +1598,7 @@ TEST(HttpListenTest, OversizedAndChunkedBodiesAreRefusedFromTheirHeaders) {
   auto server = ServerProcess::start({"--grpc-port", "-1", "--max-body-bytes", "65536"}, error,
                                      {"COLIBRI_API_KEY=listen-key-1"});
   ASSERT_NE(server, nullptr) << error;
-  auto exchange = [&](const std::string& request) {
-    const int fd = connect_loopback(server->port());
-    EXPECT_GE(fd, 0);
-    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    const auto start = std::chrono::steady_clock::now();
-    std::string got = read_until_closed(fd, 5000);
-    close(fd);
-    return std::pair{got, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
-  };
+  auto exchange = [&](const std::string& request) { return exchange_raw(server->port(), request); };
   const auto [too_large, large_s] = exchange(
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
       "Content-Length: 1073741824\r\n\r\n{\"prompt\": \"");
