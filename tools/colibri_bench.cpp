@@ -35,6 +35,7 @@
 #include "text_file_tokens.h"
 #include "store_flags.h"
 #include "weights_flags.h"
+#include "json_text.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -953,7 +954,7 @@ int main(int argc, char** argv) {
     report["routing_context"] = routing_options.context;
   }
   if (json) {
-    std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", colibri_tools::json_text(report, 2).c_str());
     return 0;
   }
 

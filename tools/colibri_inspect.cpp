@@ -9,6 +9,7 @@
 #include "format/colibri_summary.h"
 #include "format/gguf.h"
 #include "inspect_gguf.h"
+#include "json_text.h"
 
 namespace {
 
@@ -20,7 +21,8 @@ constexpr int kExitChecksum = 3;  // parses, but a tensor or expert block fails 
 int fail(bool json, const std::string& file, const std::string& message) {
   std::fprintf(stderr, "colibri-inspect: %s\n", message.c_str());
   // Even a failure is one JSON document, so a caller parsing stdout always can.
-  if (json) std::printf("%s\n", nlohmann::json{{"file", file}, {"error", message}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  if (json)
+    std::printf("%s\n", colibri_tools::json_text(nlohmann::json{{"file", file}, {"error", message}}, 2).c_str());
   return kExitInvalid;
 }
 
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
 
   const colibri::ColibriSummary summary = colibri::summarize_colibri(*image, path, verify);
   if (json) {
-    std::printf("%s\n", colibri::colibri_summary_json(summary).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", colibri_tools::json_text(colibri::colibri_summary_json(summary), 2).c_str());
   } else {
     std::fputs(colibri::format_colibri_summary(summary, tensors).c_str(), stdout);
   }

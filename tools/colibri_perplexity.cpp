@@ -9,6 +9,7 @@
 #include "text_file_tokens.h"
 #include "runtime/perplexity.h"
 #include "runtime/routing_fidelity.h"
+#include "json_text.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
       else
         std::printf("%s\n", colibri_tools::routing_table_row(row).c_str());
     }
-    if (json) std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    if (json) std::printf("%s\n", colibri_tools::json_text(out, 2).c_str());
     return 0;
   }
   auto result = colibri::measure_perplexity(*model, base, *tokens, options);
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
       out["mean_kl"] = result->mean_kl();
       out["top1_agreement"] = result->top1_agreement();
     }
-    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", colibri_tools::json_text(out, 2).c_str());
   } else {
     std::printf("model       %s\ntokens      %lld scored (context %d, stride %d)\nperplexity  %.4f\n",
                 model_path.c_str(), static_cast<long long>(result->scored), options.context, options.stride,

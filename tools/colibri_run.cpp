@@ -18,6 +18,7 @@
 #include "prefill_activations_flag.h"
 #include "store_flags.h"
 #include "weights_flags.h"
+#include "json_text.h"
 
 namespace {
 
@@ -205,7 +206,7 @@ int main(int argc, char** argv) {
                                     std::span<const float> values) {
       nlohmann::json line = {{"name", name}, {"layer", layer}, {"pos", position},
                              {"values", std::vector<float>(values.begin(), values.end())}};
-      dump << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+      dump << colibri_tools::json_text(line) << '\n';
     });
   }
 
@@ -274,7 +275,7 @@ int main(int argc, char** argv) {
                            {"n_vocab", (*model)->config().vocab},
                            {"prompts", nlohmann::json::array({prompt_record})}};
     std::ofstream out(logits_out);
-    out << root.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    out << colibri_tools::json_text(root) << '\n';
     if (!out) {
       std::fprintf(stderr, "colibri-run: cannot write %s\n", logits_out.c_str());
       return 1;
