@@ -353,7 +353,7 @@ void ConnectionGate::refuse_unknown_length(int fd) {
          "the request has no Content-Length: send one, 0 for an empty body (curl: -d '')", "length_required");
 }
 
-bool ConnectionGate::turn_away(int fd, Headers state) {
+bool ConnectionGate::answer_refusal(int fd, Headers state) {
   switch (state) {
     case Headers::Closed: close_connection(fd); return true;
     case Headers::TooLarge: refuse_large_headers(fd); return true;
@@ -370,7 +370,7 @@ void ConnectionGate::park(int fd, int served, Clock::time_point idle_deadline, C
   const Headers now = peek.state;
   if (now == Headers::Complete && !stopping_) return ready_(fd, served, Clock::now() + request_timeout, {});
   if (stopping_) return close_connection(fd);
-  if (turn_away(fd, now)) return;
+  if (answer_refusal(fd, now)) return;
   std::optional<Clock::time_point> to_worker;
   {
     std::lock_guard lock(mutex_);
@@ -514,7 +514,7 @@ void ConnectionGate::check(int fd, std::uint32_t events) {
     if (const auto it = waiting_.find(fd); it != waiting_.end()) take(it);
     count_waiting();
   }
-  if (turn_away(fd, peek.state)) return;
+  if (answer_refusal(fd, peek.state)) return;
   ready_(fd, w.served, w.started ? w.request_deadline : Clock::now() + w.request_timeout, {});
 }
 
@@ -625,19 +625,11 @@ bool GatedServer::write_timed_out_now() { return write_timed_out; }
 // Runs on a worker for each accepted connection: served here if its request
 // is already whole (the usual case), else parked.
 bool GatedServer::process_and_close_socket(socket_t sock) {
-  switch (ConnectionGate::peek_headers(sock, payload_max_length_).state) {
-    case ConnectionGate::Headers::Complete:
-      serve(sock, 0, Clock::now() + std::chrono::seconds(read_timeout_sec_), {});
-      break;
-    case ConnectionGate::Headers::TooLarge:
-      gate_.refuse_large_headers(sock);
-      break;
-    case ConnectionGate::Headers::TooManyFields:
-      gate_.refuse_header_fields(sock);
-      break;
-    default:
-      park(sock, 0);
-  }
+  const auto state = ConnectionGate::peek_headers(sock, payload_max_length_).state;
+  if (state == ConnectionGate::Headers::Complete)
+    serve(sock, 0, Clock::now() + std::chrono::seconds(read_timeout_sec_), {});
+  else if (!gate_.answer_refusal(sock, state))
+    park(sock, 0);
   return true;
 }
 

@@ -69,13 +69,6 @@ class ConnectionGate {
             std::size_t body_limit);
   // Closes every waiting connection; later park() calls close theirs.
   void stop();
-  // Answers 431 and closes fd.
-  void refuse_large_headers(int fd);
-  void refuse_header_fields(int fd);
-  // Answers 411 and closes fd.
-  void refuse_unknown_length(int fd);
-  // Answers 400 and closes fd.
-  void refuse_body_not_allowed(int fd);
   // Closes fd, whose pipelined request was not whole once the one before it
   // was answered (its bytes are read already, so the gate cannot hold it).
   void close_pipelined_partial(int fd);
@@ -103,10 +96,10 @@ class ConnectionGate {
   // `read_already`: bytes of the request already read from fd (a pipelined
   // request's, buffered after the one before), taken as its start.
   static Peek peek_headers(int fd, std::size_t body_limit, std::string_view read_already = {});
-  // For a state that refuses the request (Closed, TooLarge, TooManyFields,
-  // LengthRequired, BodyNotAllowed): answers it and closes fd, true. False
-  // for the others.
-  bool answer_refusal(int fd, Headers state) { return turn_away(fd, state); }
+  // For a state that ends the connection: closes fd (Closed) or answers the
+  // refusal and closes it (TooLarge, TooManyFields: 431; LengthRequired: 411;
+  // BodyNotAllowed: 400), true. False for a state that keeps the connection.
+  bool answer_refusal(int fd, Headers state);
 
  private:
   struct Waiting {
@@ -133,9 +126,11 @@ class ConnectionGate {
   // `events`: what epoll reported. A peer that closed its side (EPOLLRDHUP)
   // can no longer complete a partial request.
   void check(int fd, std::uint32_t events);
-  // Closes fd (Closed) or refuses it (TooLarge: 431, LengthRequired: 411);
-  // false for a state that keeps the connection.
-  bool turn_away(int fd, Headers state);
+  // Answer 431, 411 or 400 and close fd.
+  void refuse_large_headers(int fd);
+  void refuse_header_fields(int fd);
+  void refuse_unknown_length(int fd);
+  void refuse_body_not_allowed(int fd);
   enum class Fill { Whole, More, Closed };
   // Reads what has come of w's request (under mutex_): never blocks.
   static Fill fill(int fd, Waiting& w);

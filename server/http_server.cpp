@@ -316,8 +316,8 @@ void HttpServer::install() {
     // after the answer, or the body's bytes would be parsed as the next request.
     // Anthropic's clients read their own error shape on /v1/messages.
     const bool anthropic_route = req.path.rfind("/v1/messages", 0) == 0;
-    auto refuse = [&res, anthropic_route](const ApiError& error, bool anthropic_shape = false) {
-      if (anthropic_shape || anthropic_route) send_anthropic_error(res, error);
+    auto refuse = [&res, anthropic_route](const ApiError& error) {
+      if (anthropic_route) send_anthropic_error(res, error);
       else send_error(res, error);
       res.set_header("Connection", "close");
       GatedServer::close_after_response();

@@ -32,6 +32,15 @@ ApiError reload_error(int status, std::string code, std::string message) {
 // Test hook: COLIBRI_TEST_LOAD_DELAY_MS=N holds every load (the first and
 // each reload) N ms before it reads the file, so tests can watch the server
 // while a load runs; a model slow enough to load on its own is gigabytes.
+// The log level and file of `to`, from those of `from` now in effect: the
+// file is reopened only if its path changes (a reload reopens the running
+// one first, for logrotate).
+void switch_logging(const Config& to, const Config& from, std::string_view what) {
+  if (Status level = logging::set_level(to.log_level); !level.ok()) spdlog::error("{}: {}", what, level.error().message);
+  if (to.log_file == from.log_file) return;
+  if (Status file = logging::set_file(to.log_file); !file.ok()) spdlog::error("{}: {}", what, file.error().message);
+}
+
 void test_load_delay() {
   const char* value = std::getenv("COLIBRI_TEST_LOAD_DELAY_MS");
   if (value == nullptr) return;
@@ -276,12 +285,10 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
   // use, and the next reload's changes left them out).
   const auto running = service_.settings();
   const auto restore_config = [&] {
-    if (service_.settings() == running) return;
+    const auto applied = service_.settings();
+    if (applied == running) return;
+    switch_logging(running->config, applied->config, "config restore");
     service_.set_settings(*running);
-    if (Status level = logging::set_level(running->config.log_level); !level.ok())
-      spdlog::error("config restore: {}", level.error().message);
-    if (Status file = logging::set_file(running->config.log_file); !file.ok())
-      spdlog::error("config restore: {}", file.error().message);
     outcome.config_changes.clear();
   };
   if (job.reread_config) {
@@ -294,11 +301,7 @@ ReloadOutcome ModelHost::run_reload(const Job& job) {
     if (!reread) return fail(reload_error(400, "config_invalid", reread.error().message + " (nothing was changed)"));
     LoadedConfig merged = merge_reloaded_config(*running, *reread, outcome.config_changes);
     for (const std::string& change : outcome.config_changes) spdlog::info("config reload: {}", change);
-    if (Status level = logging::set_level(merged.config.log_level); !level.ok())
-      spdlog::error("config reload: {}", level.error().message);
-    // Always reopened: logrotate moves the file away, then sends SIGHUP.
-    if (Status file = logging::set_file(merged.config.log_file); !file.ok())
-      spdlog::error("config reload: {}", file.error().message);
+    switch_logging(merged.config, running->config, "config reload");
     service_.set_settings(std::move(merged));
   }
 
