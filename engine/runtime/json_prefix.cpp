@@ -364,9 +364,10 @@ std::size_t mask_json_logits(const JsonPrefix& state, const JsonVocabulary& voca
     const auto at = static_cast<std::size_t>(id);
     // Counted above when its bytes continue the text; banned now either way.
     JsonPrefix next = state;
-    if (at < vocabulary.bytes.size() && !vocabulary.banned[at] && !vocabulary.token(at, state.at_start()).empty() &&
-        next.push_on_copy(vocabulary.token(at, state.at_start())))
-      --selectable;
+    if (at < vocabulary.bytes.size() && !vocabulary.banned[at]) {
+      const std::string& bytes = vocabulary.token(at, state.at_start());
+      if (!bytes.empty() && next.push_on_copy(bytes)) --selectable;
+    }
     logits[at] = -std::numeric_limits<float>::infinity();
   }
   return selectable;
