@@ -91,19 +91,20 @@ const std::array kOptions = {
                "and the rest in prefill_chunk steps beside them. A lone request on an idle server waits "
                "this long more for its first token. 0: the first step starts at once.",
                Reload::Hot},
-    OptionSpec{"prefill_activations", &C::prefill_activations, 0, 0, "same|int8-ffn",
-               "How prompt tokens are multiplied (8-bit weights). int8-ffn: one int8 plane for the FFN "
-               "gate and up products of prompt tokens (half of an MoE token's arithmetic at twice the "
-               "rate; a prompt is bound by arithmetic, a generated token by memory), two planes for the "
-               "rest: faster prefill and time to first token, at a measured fidelity cost within the int8 "
-               "bounds (docs/KERNELS.md, 'Prefill modes'); what colibri-run and the C API do by default. "
+    OptionSpec{"prefill_activations", &C::prefill_activations, 0, 0, "same|int8-ffn|int8-ffn-out",
+               "How prompt tokens are multiplied (8-bit weights). int8-ffn-out (default): one int8 plane "
+               "for the attention output and the FFN gate and up products of prompt tokens (over half of "
+               "an MoE token's arithmetic at twice the rate; a prompt is bound by arithmetic, a generated "
+               "token by memory), two planes for the rest: faster prefill and time to first token, at a "
+               "measured fidelity cost within the int8 bounds (docs/KERNELS.md, 'Prefill modes'); what "
+               "colibri-run and the C API do by default. int8-ffn: one plane for gate and up only. "
                "same: as generated tokens (int8 activations with a residual plane), so a prompt's logits "
                "are bit-identical to decoding it token by token (colibri-run --prefill-activations same).",
                Reload::Hot},
-    OptionSpec{"decode_activations", &C::decode_activations, 0, 0, "same|int8-ffn",
+    OptionSpec{"decode_activations", &C::decode_activations, 0, 0, "same|int8-ffn|int8-ffn-out",
                "How generated tokens are multiplied. same: int8 activations with a residual plane, as "
-               "colibri-run's. int8-ffn: one int8 plane for the FFN gate and up products, as "
-               "prefill_activations int8-ffn: more tokens per second when many sessions decode together "
+               "colibri-run's. int8-ffn, int8-ffn-out: one int8 plane for those products, as "
+               "prefill_activations: more tokens per second when many sessions decode together "
                "(their steps are arithmetic-bound; a single stream is bandwidth-bound and gains little), "
                "at the same measured fidelity cost within the int8 bounds, and outputs no longer equal "
                "colibri-run's.",

@@ -40,7 +40,7 @@ struct Config {
   std::int64_t prefill_chunk = 64;
   std::int64_t prefill_chunk_idle = 512;
   double burst_window_ms = 5;
-  std::string prefill_activations = "int8-ffn";
+  std::string prefill_activations = "int8-ffn-out";
   std::string decode_activations = "same";
   std::int64_t compute_threads = 0;
   std::string compute_cores;

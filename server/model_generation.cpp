@@ -220,9 +220,8 @@ Result<std::shared_ptr<Generation>> load_generation(const Config& config, bool v
   options.prefill_chunk = static_cast<std::int32_t>(config.prefill_chunk);
   options.prefill_chunk_idle = static_cast<std::int32_t>(config.prefill_chunk_idle);
   options.burst_window = std::chrono::microseconds(std::llround(config.burst_window_ms * 1000));
-  options.prefill_modes =
-      config.prefill_activations == "int8-ffn" ? std::optional<ActivationModes>(kPrefillInt8Ffn) : std::nullopt;
-  if (config.decode_activations == "int8-ffn") options.decode_modes = kPrefillInt8Ffn;
+  options.prefill_modes = activation_preset(config.prefill_activations);  // "same": none
+  options.decode_modes = activation_preset(config.decode_activations).value_or(ActivationModes{});
   options.stream_buffer_chunks = static_cast<std::size_t>(config.stream_buffer_chunks);
   options.queue_timeout_ms = config.queue_timeout_ms;
   options.routing_metrics = config.routing_metrics;

@@ -56,7 +56,7 @@ struct SchedulerOptions {
   // Activation modes of a request's prompt tokens (its last one's logits
   // included), as Session::set_prefill_activation_modes, whose default this
   // is; its generated tokens use decode_modes. Null: decode_modes throughout.
-  std::optional<ActivationModes> prefill_modes = kPrefillInt8Ffn;
+  std::optional<ActivationModes> prefill_modes = kPrefillInt8FfnOut;
   // Activation modes of generated tokens (decode_activations); the defaults
   // keep a request's tokens equal to colibri-run's.
   ActivationModes decode_modes{};

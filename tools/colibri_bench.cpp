@@ -315,10 +315,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   prefill_activations.add(app);
   app.add_option("--decode-activations", decode_activations,
-                 "Activation modes of decode: 'same' (the default: int8 + residual plane) or 'int8-ffn' (one "
-                 "int8 plane for the FFN gate and up products, the server's decode_activations int8-ffn)")
+                 "Activation modes of decode: 'same' (the default: int8 + residual plane), 'int8-ffn' (one "
+                 "int8 plane for the FFN gate and up products) or 'int8-ffn-out' (and the attention output); "
+                 "the server's decode_activations")
       ->capture_default_str()
-      ->check(CLI::IsMember({"same", "int8-ffn"}));
+      ->check(CLI::IsMember({"same", "int8-ffn", "int8-ffn-out"}));
   app.add_flag("--json", json, "Print one JSON document instead of the table");
   app.add_option("--step-times", step_times_path,
                  "Also write every timed decode step to this file, one line each: request, step, "
@@ -417,7 +418,7 @@ int main(int argc, char** argv) {
     decode_store.prefetch_wasted += b.prefetch_wasted - a.prefetch_wasted;
   };
   std::int64_t decode_steps_timed = 0;
-  if (decode_activations == "int8-ffn") session.set_activation_modes(colibri::kPrefillInt8Ffn);
+  if (const auto modes = colibri::activation_preset(decode_activations)) session.set_activation_modes(*modes);
   prefill_activations.apply(session);
 
   RouterTimer router_timer;

@@ -13,22 +13,23 @@
 namespace colibri_tools {
 
 struct PrefillActivationsFlag {
-  std::string name = "int8-ffn";
+  std::string name = "int8-ffn-out";
 
   void add(CLI::App& app) {
     app.add_option("--prefill-activations", name,
-                   "How the prompt's tokens are multiplied (8-bit weights): 'int8-ffn', one int8 activation "
-                   "plane for the FFN gate and up products and two for the rest (Session's default "
-                   "kPrefillInt8Ffn: a prompt is bound by arithmetic; fidelity within the int8 bounds, "
-                   "docs/KERNELS.md), or 'same' as generated tokens, so the prompt's logits are bit-identical "
-                   "to decoding it token by token. The server's prefill_activations.")
+                   "How the prompt's tokens are multiplied (8-bit weights): 'int8-ffn-out', one int8 "
+                   "activation plane for the attention output and the FFN gate and up products and two for "
+                   "the rest (Session's default kPrefillInt8FfnOut: a prompt is bound by arithmetic; fidelity "
+                   "within the int8 bounds, docs/KERNELS.md); 'int8-ffn', one plane for gate and up only; or "
+                   "'same' as generated tokens, so the prompt's logits are bit-identical to decoding it token "
+                   "by token. The server's prefill_activations.")
         ->capture_default_str()
-        ->check(CLI::IsMember({"same", "int8-ffn"}));
+        ->check(CLI::IsMember({"same", "int8-ffn", "int8-ffn-out"}));
   }
 
   // 'same': prefill in the session's own (decode) modes, whichever they are.
   void apply(colibri::Session& session) const {
-    if (name == "same") session.set_prefill_activation_modes(std::nullopt);
+    session.set_prefill_activation_modes(colibri::activation_preset(name));
   }
 };
 

@@ -6,6 +6,12 @@
 
 namespace colibri {
 
+std::optional<ActivationModes> activation_preset(std::string_view name) {
+  if (name == "int8-ffn") return kPrefillInt8Ffn;
+  if (name == "int8-ffn-out") return kPrefillInt8FfnOut;
+  return std::nullopt;
+}
+
 Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context, ThreadTeam* team,
                  std::int32_t prefill_batch, ExpertStore* store, KvCacheType kv_cache)
     : model_(std::move(model)) {

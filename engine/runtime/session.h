@@ -46,14 +46,27 @@ struct ActivationModes {
   ActivationMode router = ActivationMode::Int8Residual;          // router, shared-expert gate
 };
 
-// A prefill preset: one int8 plane for the FFN gate and up products (routed,
-// shared and dense: half of an OLMoE token's multiply-adds), two planes for
-// everything else. Within quantized_fidelity_test's int8 bounds on the
-// fixtures; one plane for the down products too is not (mean |dlogit| 0.0512
-// > 0.05; docs/KERNELS.md has the figures).
+// A preset ("int8-ffn"): one int8 plane for the FFN gate and up products
+// (routed, shared and dense: half of an OLMoE token's multiply-adds), two
+// planes for everything else. Within quantized_fidelity_test's int8 bounds on
+// the fixtures; one plane for the down products too is not (mean |dlogit|
+// 0.0512 > 0.05; docs/KERNELS.md has the figures).
 inline constexpr ActivationModes kPrefillInt8Ffn{
     .ffn_gate_up = ActivationMode::Int8,
 };
+
+// kPrefillInt8Ffn plus one plane for the attention output ("int8-ffn-out"),
+// the prompt default: still within the int8 bounds (mean |dlogit| 0.0486),
+// and 4 % more of a prompt's plane-products at the one-plane rate. q/k/v,
+// down and lm_head stay at two planes: each alone on top goes over a bound.
+inline constexpr ActivationModes kPrefillInt8FfnOut{
+    .attention_out = ActivationMode::Int8,
+    .ffn_gate_up = ActivationMode::Int8,
+};
+
+// The presets by the names flags and config keys use ("int8-ffn",
+// "int8-ffn-out"); nullopt for any other name ("same" is the caller's).
+std::optional<ActivationModes> activation_preset(std::string_view name);
 
 // Sees the logits after a fed token: its position and the logits predicting
 // the next token (valid during the call).
@@ -141,10 +154,10 @@ class Session {
   void set_activation_modes(const ActivationModes& modes) { modes_ = modes; }
   const ActivationModes& activation_modes() const { return modes_; }
   // Activation modes for prefill() only (decode() keeps activation_modes()).
-  // The default, kPrefillInt8Ffn, trades a little fidelity (within the int8
-  // bounds, docs/KERNELS.md) for about twice the arithmetic rate of the
-  // prompt's gate and up products: a prompt is bound by arithmetic, a
-  // generated token by memory. std::nullopt makes prefill bit-identical to
+  // The default, kPrefillInt8FfnOut, trades a little fidelity (within the
+  // int8 bounds, docs/KERNELS.md) for about twice the arithmetic rate of the
+  // prompt's gate, up and attention-output products: a prompt is bound by
+  // arithmetic, a generated token by memory. std::nullopt makes prefill bit-identical to
   // decoding the prompt token by token.
   void set_prefill_activation_modes(std::optional<ActivationModes> modes) { prefill_modes_ = modes; }
   const std::optional<ActivationModes>& prefill_activation_modes() const { return prefill_modes_; }
@@ -168,7 +181,7 @@ class Session {
   std::int32_t position_ = 0;
   TensorHook hook_;
   ActivationModes modes_;
-  std::optional<ActivationModes> prefill_modes_ = kPrefillInt8Ffn;
+  std::optional<ActivationModes> prefill_modes_ = kPrefillInt8FfnOut;
   std::shared_ptr<ModeRouter> router_;
   RoutingObserver routing_observer_;
 

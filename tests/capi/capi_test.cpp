@@ -652,7 +652,8 @@ TEST_F(CApi, WeightsMemoryKindsGenerateTheSameTokens) {
 }
 
 // exact_prompt: by default an 8-bit model's prompt takes the prefill modes
-// (one int8 plane for the FFN gate and up products), with 1 the decode modes,
+// (one int8 plane for the attention output and the FFN gate and up
+// products), with 1 the decode modes,
 // which moves the logits the first token is sampled from (seen through its
 // log-probability). A struct of the header before exact_prompt gets the
 // default whatever lies past its size; values other than 0 and 1 are refused.

@@ -175,9 +175,17 @@ TEST_F(QuantizedFidelity, F16KvCacheAddsAlmostNothingToInt8) {
 // Session::set_prefill_activation_modes(kPrefillInt8Ffn) computes every
 // prompt position's logits (and K/V) exactly as a session decoding with those
 // modes does, so measuring them token by token is measuring such a prefill.
-// The preset is offered because it stays within the int8 bounds above.
+// The presets are offered because they stay within the int8 bounds above.
 TEST_F(QuantizedFidelity, PrefillInt8FfnPresetStaysWithinTheInt8Bounds) {
   auto f = measure_scheme(*quant_scheme("int8"), kPrefillInt8Ffn, " (int8-ffn prefill)");
+  EXPECT_GE(f.top1(), 0.97);
+  EXPECT_LE(f.mean_abs_dlogit(), 0.05);
+  EXPECT_LE(f.mean_kl(), 3e-3);
+}
+
+// The prompt default: the attention output at one plane too.
+TEST_F(QuantizedFidelity, PrefillInt8FfnOutPresetStaysWithinTheInt8Bounds) {
+  auto f = measure_scheme(*quant_scheme("int8"), kPrefillInt8FfnOut, " (int8-ffn-out prefill)");
   EXPECT_GE(f.top1(), 0.97);
   EXPECT_LE(f.mean_abs_dlogit(), 0.05);
   EXPECT_LE(f.mean_kl(), 3e-3);

@@ -233,7 +233,7 @@ class SchedulerModesTest : public SchedulerTest {
 };
 
 TEST_F(SchedulerModesTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGives) {
-  // prefill_modes = kPrefillInt8Ffn (the default): each request's prompt (and
+  // prefill_modes = kPrefillInt8FfnOut (the default): each request's prompt (and
   // its last token's logits) in those modes, its generated tokens in the
   // decode modes, exactly as Session::prefill does, whatever the request is
   // batched with (prompts split across steps, decoding sessions in the other
@@ -242,13 +242,13 @@ TEST_F(SchedulerModesTest, PrefillModesGiveWhatASessionPrefillingInThoseModesGiv
   ASSERT_NE(model, nullptr);
   const auto prompts = mode_prompts(200, 7);
   const SamplingParams sampling = mode_sampling(1234);
-  const auto got = scheduled(model, prompts, sampling, [](SchedulerOptions& o) { o.prefill_modes = kPrefillInt8Ffn; });
+  const auto got = scheduled(model, prompts, sampling, [](SchedulerOptions& o) { o.prefill_modes = kPrefillInt8FfnOut; });
   ASSERT_EQ(got.size(), prompts.size());
   bool any_differs_from_exact = false;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE(i);
     const auto expected =
-        alone(model, prompts[i], sampling, [](Session& s) { s.set_prefill_activation_modes(kPrefillInt8Ffn); });
+        alone(model, prompts[i], sampling, [](Session& s) { s.set_prefill_activation_modes(kPrefillInt8FfnOut); });
     EXPECT_EQ(got[i], expected);
     any_differs_from_exact =
         any_differs_from_exact ||

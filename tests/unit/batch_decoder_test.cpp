@@ -302,7 +302,7 @@ TEST_F(BatchDecoderTest, KvCacheTypeFollowsTheWeightsUnlessChosen) {
 }
 
 // Prefill activation modes (Session::set_prefill_activation_modes, by
-// default kPrefillInt8Ffn) apply to prefill() only: its logits equal decoding
+// default kPrefillInt8FfnOut) apply to prefill() only: its logits equal decoding
 // the prompt token by token in those modes, and decode() afterwards runs in
 // the session's own modes again (on a KV cache the prefill modes wrote). A
 // prompt longer than the pass cap is split into balanced passes with the same
@@ -313,7 +313,7 @@ TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
   const auto prompt = prompts_of("olmoe-tiny").front();
   ASSERT_GE(prompt.size(), 3u);
   const ActivationModes decode_modes{};
-  const Logits in_prefill_modes = sequential(model, prompt, kPrefillInt8Ffn);
+  const Logits in_prefill_modes = sequential(model, prompt, kPrefillInt8FfnOut);
   ASSERT_EQ(in_prefill_modes.size(), prompt.size());
   const Logits in_decode_modes = sequential(model, prompt, decode_modes);
   // The preset must change something, or this test checks nothing.
@@ -322,7 +322,7 @@ TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
   // The reference for the token decoded after the prompt: a session whose
   // prompt K/V came from the prefill modes, then one step in decode modes.
   Session reference(model);
-  reference.set_activation_modes(kPrefillInt8Ffn);
+  reference.set_activation_modes(kPrefillInt8FfnOut);
   for (std::int32_t token : prompt) ASSERT_TRUE(reference.decode(token).ok());
   reference.set_activation_modes(decode_modes);
   auto want_next = reference.decode(prompt.front());
