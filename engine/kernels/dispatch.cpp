@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -89,8 +90,13 @@ void select_at_startup() {
     auto wanted = isa_from_name(env);
     auto at = wanted ? std::find(order.begin(), order.end(), *wanted) : order.end();
     if (at == order.end()) {
-      std::fprintf(stderr, "colibri: COLIBRI_ISA=%s is not a path of this build; using the best available\n",
+      // The variable exists to cap the path; a name that is not one must not
+      // lift the cap to the best path, so it gets the lowest.
+      std::fprintf(stderr,
+                   "colibri: COLIBRI_ISA=%s is not a path of this build (scalar, avx2, avx512 or neon); "
+                   "using scalar\n",
                    env);
+      start = order.size();
     } else {
       start = static_cast<std::size_t>(at - order.begin());
       if (!cpu_has(*wanted))
@@ -128,8 +134,15 @@ std::string_view isa_name(Isa isa) {
 }
 
 std::optional<Isa> isa_from_name(std::string_view name) {
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.front()))) name.remove_prefix(1);
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.remove_suffix(1);
+  auto same_letters = [](std::string_view a, std::string_view b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+           });
+  };
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
-    if (name == isa_name(isa)) return isa;
+    if (same_letters(name, isa_name(isa))) return isa;
   return std::nullopt;
 }
 
@@ -153,7 +166,8 @@ bool force_isa(Isa isa) {
 
 void ActivationQ8::reserve(std::int32_t max_n, std::int32_t min_group) {
   const std::size_t padded = static_cast<std::size_t>(padded_length(max_n));
-  const std::size_t groups = static_cast<std::size_t>((max_n + min_group - 1) / std::max(1, min_group));
+  min_group = std::max(1, min_group);  // as quantize_activation treats it
+  const std::size_t groups = static_cast<std::size_t>((max_n + min_group - 1) / min_group);
   for (auto* bytes : {&q, &q4, &residual_q, &residual_q4}) bytes->reserve(padded);
   for (auto* floats : {&scales, &residual_scales}) floats->reserve(groups);
   for (auto* ints : {&sums, &residual_sums}) ints->reserve(groups);

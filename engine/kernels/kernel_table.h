@@ -15,6 +15,12 @@
 
 namespace colibri::kernels {
 
+// The smallest group maximum quantize_activation divides 127 by: below it the
+// inverse overflows to infinity and values would come out as -127 whatever
+// their sign. Such a group, and a NaN value, quantize to 0 in every path (NaN
+// is also left out of the group's maximum).
+constexpr float kSmallestActivationAmax = 1e-36f;
+
 // Read-only view of an ActivationQ8 (kernels.h) without its std::vectors.
 // The residual plane's pointers are null when it is absent.
 struct ActivationView {

@@ -1301,9 +1301,10 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
     const size_t end = min_size(static_cast<size_t>(n), begin + static_cast<size_t>(group));
     __m256 amax = _mm256_setzero_ps();
     for (size_t c = begin; c < end; c += 8)
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_maskload_ps(x + c, mask8(end - c))));
+      // The NaN operand first: max_ps then returns amax, skipping it as std::max does.
+      amax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_maskload_ps(x + c, mask8(end - c))), amax);
     const float m = hmax(amax);
-    const float inverse = m > 0.0f ? 127.0f / m : 0.0f;
+    const float inverse = m >= kSmallestActivationAmax ? 127.0f / m : 0.0f;
     const __m256 inv = _mm256_set1_ps(inverse);
     __m256i sum = _mm256_setzero_si256();
     const float scale = m / 127.0f;
@@ -1311,7 +1312,9 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
       const size_t len = min_size(8, end - c);
       const __m256i mask = mask8(len);
       const __m256 xv = _mm256_maskload_ps(x + c, mask);
-      __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(xv, inv));
+      const __m256 scaled = _mm256_mul_ps(xv, inv);
+      __m256i v = _mm256_and_si256(_mm256_cvtps_epi32(scaled),  // NaN gives 0
+                                   _mm256_castps_si256(_mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q)));
       v = _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
       sum = _mm256_add_epi32(sum, v);
       // Saturating packs are exact on [-127, 127]; then gather the two lanes' 4 bytes.

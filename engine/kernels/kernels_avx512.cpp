@@ -32,6 +32,17 @@ constexpr int kRowBlock = 4;
 __mmask16 mask16(size_t len) { return len >= 16 ? __mmask16(0xffff) : __mmask16((1u << len) - 1u); }
 __mmask64 mask64(size_t len) { return len >= 64 ? ~__mmask64(0) : __mmask64((1ull << len) - 1ull); }
 size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+// Not std::min / std::gcd: their instantiations here would be weak symbols
+// compiled for AVX-512 that the linker may pick everywhere (kernel_table.h).
+int32_t min_int(int32_t a, int32_t b) { return a < b ? a : b; }
+int32_t gcd_int(int32_t a, int32_t b) {
+  while (b != 0) {
+    const int32_t r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
 int32_t group_count(int32_t cols, int32_t group) { return (cols + group - 1) / group; }
 
 // Rows are consecutive in memory, so 4 rows read at once are 4 streams a
@@ -796,8 +807,8 @@ __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, con
 int32_t packed_slice_groups(const Matrix& w) {
   const int32_t groups = group_count(w.cols, w.group);
   if (static_cast<size_t>(w.cols) <= kPackedMaxCols && groups <= kPackedMaxGroups) return groups;
-  const int32_t most = std::min<int32_t>(kPackedMaxGroups, static_cast<int32_t>(kPackedMaxCols) / w.group);
-  const int32_t step = 64 / std::gcd(w.group, 64);
+  const int32_t most = min_int(kPackedMaxGroups, static_cast<int32_t>(kPackedMaxCols) / w.group);
+  const int32_t step = 64 / gcd_int(w.group, 64);
   return most / step * step;
 }
 
@@ -824,7 +835,7 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
   for (int32_t p0 = first; p0 <= last; p0 += panel) {
     const int32_t p1 = p0 + panel - 1 < last ? p0 + panel - 1 : last;
     for (int32_t slice = 0; slice < slices; ++slice) {
-      const int32_t g0 = slice * slice_groups, slice_groups_here = std::min(slice_groups, groups - g0);
+      const int32_t g0 = slice * slice_groups, slice_groups_here = min_int(slice_groups, groups - g0);
       const size_t c0 = static_cast<size_t>(g0) * group, slice_cols = min_size(cols - c0, slice_groups * group);
       for (int32_t v0 = 0; v0 < n; v0 += kQ8R16Vectors) {
         const int32_t nv = n - v0 < kQ8R16Vectors ? n - v0 : kQ8R16Vectors;
@@ -1557,17 +1568,19 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
     const size_t end = min_size(static_cast<size_t>(n), begin + static_cast<size_t>(group));
     __m512 amax = _mm512_setzero_ps();
     for (size_t c = begin; c < end; c += 16)
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask16(end - c), x + c)));
+      // The NaN operand first: max_ps then returns amax, skipping it as std::max does.
+      amax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(mask16(end - c), x + c)), amax);
     const float m = _mm512_reduce_max_ps(amax);
-    const float inverse = m > 0.0f ? 127.0f / m : 0.0f;
+    const float inverse = m >= kSmallestActivationAmax ? 127.0f / m : 0.0f;
     const __m512 inv = _mm512_set1_ps(inverse);
     __m512i sum = _mm512_setzero_si512();
     const float scale = m / 127.0f;
     for (size_t c = begin; c < end; c += 16) {
       const __mmask16 mask = mask16(end - c);
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + c);
-      // cvtps rounds to nearest even, like the scalar path's nearbyint.
-      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(xv, inv));
+      // cvtps rounds to nearest even, like the scalar path's nearbyint; NaN gives 0.
+      const __m512 scaled = _mm512_mul_ps(xv, inv);
+      __m512i v = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(scaled, scaled, _CMP_ORD_Q), scaled);
       v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
       sum = _mm512_add_epi32(sum, v);
       _mm_mask_storeu_epi8(q + c, mask, _mm512_cvtepi32_epi8(v));
@@ -1732,7 +1745,7 @@ void attention_values(const float* weights, const T* values, size_t stride, int3
       const __m512 wp = _mm512_set1_ps(weights[p]);
       const T* v = values + static_cast<size_t>(p) * stride + i;
       if (p + kPositionsAhead < n_positions)
-        prefetch_row(v + kPositionsAhead * stride, std::min<size_t>(16 * NS, dim - i));
+        prefetch_row(v + kPositionsAhead * stride, min_size(16 * NS, dim - i));
 #pragma GCC unroll 8
       for (int k = 0; k < NS; ++k) acc[k] = _mm512_fmadd_ps(wp, load_kv16(v + 16 * k, m[k]), acc[k]);
     }

@@ -34,14 +34,14 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std
   for (std::int32_t g = 0; g < groups; ++g) {
     const std::int32_t begin = g * group, end = std::min(n, begin + group);
     float amax = 0.0f;
-    for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(x[c]));
+    for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(x[c]));  // skips NaN
     // The rule every path implements bit for bit: multiply by 127 / amax and
     // round to nearest even (the vector converts' default mode).
-    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float inverse = amax >= kSmallestActivationAmax ? 127.0f / amax : 0.0f;
     std::int32_t sum = 0;
     for (std::int32_t c = begin; c < end; ++c) {
       const float v = std::nearbyint(x[c] * inverse);
-      const auto value = static_cast<std::int32_t>(std::clamp(v, -127.0f, 127.0f));
+      const auto value = std::isnan(v) ? 0 : static_cast<std::int32_t>(std::clamp(v, -127.0f, 127.0f));
       q[c] = static_cast<std::int8_t>(value);
       sum += value;
     }

@@ -27,6 +27,13 @@ std::uint16_t f32_to_bf16(float value) {
   return static_cast<std::uint16_t>(bits >> 16);
 }
 
+// 1 / scale, or 0 where it would overflow (a group of values below about
+// 1e-36: its codes become 0 rather than -127 whatever their sign).
+float inverse_of(float scale) { return scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f; }
+
+// lround for a code: NaN (a NaN weight; lround's result is unspecified) is 0.
+long code_of(float value) { return std::isnan(value) ? 0L : std::lround(value); }
+
 // Q8 of one row: per group, scale = amax / 127 and values rounded to nearest.
 void quantize_q8_row(const float* row, std::int32_t cols, std::int32_t group, std::int8_t* q, float* scales) {
   const std::int32_t groups = (cols + group - 1) / group;
@@ -36,9 +43,9 @@ void quantize_q8_row(const float* row, std::int32_t cols, std::int32_t group, st
     float amax = 0.0f;
     for (std::int32_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(row[c]));
     const float scale = amax / 127.0f;
-    const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+    const float inverse = inverse_of(scale);
     for (std::int32_t c = begin; c < end; ++c)
-      q[c] = static_cast<std::int8_t>(std::clamp(std::lround(row[c] * inverse), -127L, 127L));
+      q[c] = static_cast<std::int8_t>(std::clamp(code_of(row[c] * inverse), -127L, 127L));
     scales[g] = scale;
   }
 }
@@ -93,7 +100,8 @@ __attribute__((target_clones("avx2", "default")))
 #endif
 Q4Fit fit_q4_group(const float* x, std::int32_t n, float lo, float hi) {
   Q4Fit best{(hi - lo) / 15.0f, lo};
-  if (!(hi > lo)) return best;
+  // A range this narrow would overflow levels / (hi - lo): keep the plain step.
+  if (!(hi - lo >= 16.0f * std::numeric_limits<float>::min())) return best;
   double sum_x = 0.0, sum_x2 = 0.0;
   for (std::int32_t i = 0; i < n; ++i) {
     sum_x += x[i];
@@ -182,9 +190,9 @@ void quantize_q4r16_rows(std::int32_t first, std::int32_t last, std::int32_t col
       const Q4Fit fit = fit_q4_group(row + begin, end - begin, lo, hi);
       const std::uint16_t scale_bits = saturated_f16(fit.scale), min_bits = saturated_f16(fit.min);
       const float scale = f16_to_f32(scale_bits), min = f16_to_f32(min_bits);
-      const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+      const float inverse = inverse_of(scale);
       for (std::int32_t c = begin; c < end; ++c) {
-        const auto code = static_cast<std::uint8_t>(std::clamp(std::lround((row[c] - min) * inverse), 0L, 15L));
+        const auto code = static_cast<std::uint8_t>(std::clamp(code_of((row[c] - min) * inverse), 0L, 15L));
         const auto column = static_cast<std::size_t>(c);
         row_values[q4r16_column_offset(column)] |= q4r16_high_nibble(column) ? static_cast<std::uint8_t>(code << 4) : code;
       }
@@ -209,9 +217,9 @@ void quantize_q4_rows(std::int32_t first, std::int32_t last, std::int32_t cols, 
       const std::int32_t end = std::min(cols, begin + group);
       const auto [lo, hi] = value_range(row, begin, end);
       const Q4Fit fit = fit_q4_group(row + begin, end - begin, lo, hi);
-      const float inverse = fit.scale > 0.0f ? 1.0f / fit.scale : 0.0f;
+      const float inverse = inverse_of(fit.scale);
       for (std::int32_t c = begin; c < end; ++c) {
-        auto q = static_cast<std::uint8_t>(std::clamp(std::lround((row[c] - fit.min) * inverse), 0L, 15L));
+        auto q = static_cast<std::uint8_t>(std::clamp(code_of((row[c] - fit.min) * inverse), 0L, 15L));
         packed[c / 2] |= (c % 2 == 0) ? q : static_cast<std::uint8_t>(q << 4);
       }
       const std::size_t slot = static_cast<std::size_t>(r) * groups + g;

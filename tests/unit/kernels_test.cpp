@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -177,6 +178,33 @@ TEST_P(KernelPaths, AttentionOnRandomShapesMatchesReference) {
 }
 
 TEST_P(KernelPaths, F16ConversionGivesTheScalarDefinitionsBits) { EXPECT_EQ(checks::check_f16_conversion(), 0); }
+
+// Groups whose maximum is too small to divide 127 by, and NaN values: every
+// path gives 0 for them (before, the vector paths gave -127 for every value of
+// a tiny group, flipping the positive ones, and the scalar path converted NaN
+// to an integer, undefined), and NaN is left out of the group's maximum.
+TEST_P(KernelPaths, ActivationQuantizationOfTinyGroupsAndNanIsIdenticalAndZero) {
+  const float nan = std::nanf("");
+  const std::vector<float> x = {1e-37f, 0.0f, -1e-37f, 5e-38f,  // a tiny group
+                                1.0f,   nan,  -0.5f,   0.25f,   // NaN beside ordinary values
+                                nan,    nan,  nan,     nan,     // nothing but NaN
+                                2.0f,   -2.0f, 1.0f,   -1.0f};
+  ActivationQ8 got, want;
+  quantize_activation(x.data(), 16, 4, got, true);
+  ASSERT_TRUE(force_isa(Isa::Scalar));
+  quantize_activation(x.data(), 16, 4, want, true);
+  ASSERT_TRUE(force_isa(GetParam()));
+  EXPECT_EQ(got.q, want.q);
+  EXPECT_EQ(got.scales, want.scales);
+  EXPECT_EQ(got.sums, want.sums);
+  EXPECT_EQ(got.residual_q, want.residual_q);
+  EXPECT_EQ(got.residual_sums, want.residual_sums);
+  const std::vector<std::int8_t> expected = {0, 0, 0, 0, 127, 0, -64, 32, 0, 0, 0, 0, 127, -127, 64, -64};
+  EXPECT_EQ(std::vector<std::int8_t>(got.q.begin(), got.q.begin() + 16), expected);
+  EXPECT_EQ(got.sums[0], 0);
+  EXPECT_EQ(got.sums[1], 127 - 64 + 32);
+  EXPECT_EQ(got.sums[2], 0);
+}
 
 TEST_P(KernelPaths, ActivationQuantizationIsIdenticalToTheScalarPath) {
   std::mt19937 rng(5);
@@ -387,6 +415,23 @@ TEST(KernelDispatch, PathsAreNamedAndUnsupportedOnesAreRefused) {
   ASSERT_TRUE(force_isa(Isa::Scalar));
   EXPECT_EQ(active_isa(), Isa::Scalar);
   ASSERT_TRUE(force_isa(before));
+}
+
+// COLIBRI_ISA caps the path: any spelling of a path's name takes it, and a
+// name that is not a path takes the lowest, never the best (it did: "AVX2" or
+// "sse" on an AVX-512 machine ran AVX-512). Each case runs in a fresh process,
+// where the variable is read when the first kernel is chosen.
+TEST(KernelDispatch, IsaVariableCapsThePathWhateverItsSpelling) {
+  EXPECT_EQ(isa_from_name(" AVX2\n"), Isa::Avx2);
+  EXPECT_EQ(isa_from_name("Scalar"), Isa::Scalar);
+  if (!isa_supported(Isa::Avx2)) GTEST_SKIP() << "the capped path must exist here";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto chosen_with = [](const char* value, Isa expected) {
+    setenv("COLIBRI_ISA", value, 1);
+    std::exit(active_isa() == expected ? 0 : 1);
+  };
+  EXPECT_EXIT(chosen_with("AVX2", Isa::Avx2), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(chosen_with("sse", Isa::Scalar), testing::ExitedWithCode(0), "not a path of this build");
 }
 
 }  // namespace

@@ -161,5 +161,32 @@ TEST(Q4Fit, GroupsOfSixteenOrFewerLevelsStayExact) {
   }
 }
 
+// A group of values too small to divide by (1 / scale overflows) is stored as
+// zeros: before, its codes came out as the most negative one, flipping the
+// sign of every positive value. NaN weights store code 0 (no undefined
+// conversion) and leave the rest of the group as it was.
+TEST(Quantize, TinyGroupsAndNanWeightsStoreZeroCodesNotSignFlips) {
+  const std::vector<float> tiny = {1e-39f, 0.0f, -1e-39f, 5e-40f, 2e-39f, -3e-39f, 1e-39f, 0.0f};
+  for (WeightFormat format : {WeightFormat::Q8, WeightFormat::Q8R16}) {
+    const std::int32_t rows = format == WeightFormat::Q8R16 ? 16 : 1;
+    std::vector<float> values;
+    for (std::int32_t r = 0; r < rows; ++r) values.insert(values.end(), tiny.begin(), tiny.end());
+    const Quantized q = quantize(format, rows, 8, 8, values);
+    std::vector<float> row(8);
+    dequantize_row(q.m, 0, row.data());
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      SCOPED_TRACE(testing::Message() << "format " << static_cast<int>(format) << " column " << c);
+      EXPECT_FALSE(std::signbit(row[c]) && tiny[c] > 0.0f) << row[c];
+      EXPECT_LE(std::fabs(row[c]), 1e-30f);
+    }
+  }
+  std::vector<float> with_nan = {1.0f, std::nanf(""), -0.5f, 0.25f, 0.0f, 0.75f, -1.0f, 0.5f};
+  const Quantized q = quantize(WeightFormat::Q8, 1, 8, 8, with_nan);
+  std::vector<float> row(8);
+  dequantize_row(q.m, 0, row.data());
+  EXPECT_EQ(row[1], 0.0f);
+  for (std::size_t c : {0u, 2u, 3u, 5u, 6u, 7u}) EXPECT_NEAR(row[c], with_nan[c], 0.005f) << c;
+}
+
 }  // namespace
 }  // namespace colibri
