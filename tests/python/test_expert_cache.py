@@ -2,11 +2,17 @@
 expert budget gives the tokens it gives without one, and its counters show
 the reads (docs/EXPERT_STORE.md)."""
 
+import os
 import subprocess
+import sys
+import textwrap
+import threading
+import time
 
 import pytest
 
 import colibri
+from conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +60,52 @@ def test_bad_cache_options_are_refused(olmoe_colibri, fixture_path):
         model.enable_expert_cache(0)
     with pytest.raises(colibri.UnsupportedError):
         colibri.Model(fixture_path("olmoe-tiny")).enable_expert_cache(8)  # not a .colibri file
+
+
+def test_enable_expert_cache_waits_for_a_generation_in_progress(olmoe_colibri):
+    model = colibri.Model(olmoe_colibri)
+    want = greedy(model)
+    in_callback = threading.Event()
+    enabled = threading.Event()
+    seen = []
+
+    def slow(piece):
+        if not in_callback.is_set():
+            in_callback.set()
+            time.sleep(0.3)  # enable_expert_cache() is called meanwhile
+            seen.append(enabled.is_set())
+
+    def enable():
+        in_callback.wait(10)
+        model.enable_expert_cache(1, preload="off")
+        enabled.set()
+
+    enabler = threading.Thread(target=enable)
+    enabler.start()
+    result = model.generate("The quick brown fox", max_tokens=24, ignore_eos=True, on_text=slow)
+    enabler.join(30)
+    assert enabled.is_set() and seen == [False]
+    assert result.tokens.tolist() == want
+    assert greedy(model) == want and model.expert_cache_stats()["misses"] > 0
+
+
+def test_generate_from_a_callback_with_an_expert_cache_raises(olmoe_colibri):
+    # In a child process: without the guard this deadlocks in the library.
+    script = textwrap.dedent("""
+        import sys
+        import colibri
+        model = colibri.Model(sys.argv[1])
+        model.enable_expert_cache(64)
+        try:
+            model.generate("The quick brown fox", max_tokens=4, ignore_eos=True,
+                           on_text=lambda piece: model.generate("again", max_tokens=2))
+        except RuntimeError as exc:
+            print("RuntimeError:", exc)
+        print(len(model.generate("The quick brown fox", max_tokens=4, ignore_eos=True).tokens))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "bindings" / "python"))
+    done = subprocess.run([sys.executable, "-c", script, str(olmoe_colibri)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeError: generate() was called from an on_text callback" in done.stdout
+    assert done.stdout.endswith("\n4\n")

@@ -24,8 +24,10 @@ repository's build directory (see colibri._ffi).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
 
@@ -43,6 +45,7 @@ __all__ = [
     "UnsupportedError",
     "OutOfMemoryError",
     "InternalError",
+    "LibraryVersionError",
     "Model",
     "ModelInfo",
     "Result",
@@ -108,6 +111,8 @@ class OutOfMemoryError(ColibriError, MemoryError):
 class InternalError(ColibriError, RuntimeError):
     pass
 
+
+LibraryVersionError = _ffi.LibraryVersionError
 
 _ERRORS = {
     _ffi.ERR_INVALID_ARGUMENT: InvalidArgumentError,
@@ -255,7 +260,17 @@ class Result:
 
 class Model:
     """A loaded model (a .colibri file, a GGUF file or a Hugging Face
-    directory). Safe to use from several threads at once."""
+    directory).
+
+    Safe to use from several threads at once: generate(), tokenize(),
+    detokenize(), info, expert_cache_stats() and set_cache_policy() run
+    concurrently (generations one at a time once an expert cache is enabled).
+    close() and enable_expert_cache() wait for the calls in progress, and hold
+    new ones back until they are done; calls after close() raise ValueError.
+    An on_text callback may call the model's other methods, and generate()
+    when it has no expert cache; close(), enable_expert_cache(), and generate()
+    with an expert cache would wait for the generation the callback is part of,
+    so from a callback they raise RuntimeError instead of deadlocking."""
 
     # colibri_weights_memory in colibri.h
     _WEIGHTS = {"map": 0, "copy": 1, "auto": 2}
@@ -267,28 +282,43 @@ class Model:
         needs; "copy": read into huge-page memory at load, decode about 1.5x
         faster; "auto": copy when it fits in available memory with a tenth to
         spare."""
-        lib = _ffi.lib()
         self._handle = None
+        # Shared use (every call) against exclusive use (close,
+        # enable_expert_cache): the library frees or swaps what running calls use.
+        self._state = threading.Condition(threading.Lock())
+        self._users = 0  # calls in progress
+        self._exclusive_waiting = 0
+        self._exclusive = False
+        self._thread = threading.local()  # .depth: this thread's calls in progress; .generating: its generations
+        self._expert_cache = False
+        lib = _ffi.lib()
         if weights not in self._WEIGHTS:
             raise ValueError(f"weights must be one of {sorted(self._WEIGHTS)}, got {weights!r}")
-        options = lib.colibri_load_options_default()
+        options = _ffi.default(_ffi.LoadOptions)
         options.verify_checksums = 1 if verify_checksums else 0
         handle = ctypes.c_void_p()
-        _check(lib.colibri_load_model_with_memory(str(path).encode(), ctypes.byref(options),
+        # fsencode: a path that is not valid UTF-8 (surrogate-escaped) keeps its bytes.
+        _check(lib.colibri_load_model_with_memory(os.fsencode(path), ctypes.byref(options),
                                                   self._WEIGHTS[weights], ctypes.byref(handle)))
         self._handle = handle
         self._info: Optional[ModelInfo] = None
 
     # -- lifetime
     def close(self) -> None:
-        """Unloads the model (also done when it is garbage-collected). Results
-        and token arrays from it stay valid."""
+        """Unloads the model (also done when it is garbage-collected), after
+        the calls in progress on other threads return; later calls raise
+        ValueError. Results and token arrays from it stay valid. Raises
+        RuntimeError from an on_text callback of this model."""
+        with self._exclusive_use("close()"):
+            handle, self._handle = self._handle, None
+            if handle:
+                _ffi.lib().colibri_unload_model(handle)
+
+    def __del__(self):
+        # No other reference, so no call in progress: no need to wait.
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
             _ffi.lib().colibri_unload_model(handle)
-
-    def __del__(self):
-        self.close()
 
     def __enter__(self):
         return self
@@ -296,10 +326,52 @@ class Model:
     def __exit__(self, *exc):
         self.close()
 
-    def _h(self):
-        if not self._handle:
-            raise ValueError("the model is closed")
-        return self._handle
+    @contextlib.contextmanager
+    def _use(self):
+        """The handle, kept loaded (and its expert cache unchanged) until the
+        block ends."""
+        local = self._thread
+        depth = getattr(local, "depth", 0)
+        with self._state:
+            # A call nested in a callback must not queue behind a waiting
+            # close(): that one waits for the call the callback is part of.
+            while self._exclusive or (self._exclusive_waiting and depth == 0):
+                self._state.wait()
+            if not self._handle:
+                raise ValueError("the model is closed")
+            self._users += 1
+        local.depth = depth + 1
+        try:
+            yield self._handle
+        finally:
+            local.depth = depth
+            with self._state:
+                self._users -= 1
+                if self._users == 0:
+                    self._state.notify_all()
+
+    @contextlib.contextmanager
+    def _exclusive_use(self, what: str):
+        """No other call on the model runs until the block ends."""
+        if getattr(self._thread, "depth", 0):
+            raise RuntimeError(
+                f"{what} was called from inside a call on the same model (an on_text callback): it waits for "
+                f"the calls in progress, that one included, so it would never return"
+            )
+        with self._state:
+            self._exclusive_waiting += 1
+            try:
+                while self._users or self._exclusive:
+                    self._state.wait()
+            finally:
+                self._exclusive_waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._state:
+                self._exclusive = False
+                self._state.notify_all()
 
     # -- info
     @property
@@ -307,12 +379,14 @@ class Model:
         if self._info is None:
             stats = _ffi.ModelStats()
             stats.struct_size = ctypes.sizeof(_ffi.ModelStats)
-            _check(_ffi.lib().colibri_model_info(self._h(), ctypes.byref(stats)))
+            with self._use() as handle:
+                _check(_ffi.lib().colibri_model_info(handle, ctypes.byref(stats)))
+                path = os.fsdecode(stats.path)  # the path may not be UTF-8; it is the caller's bytes
             self._info = ModelInfo(
                 arch=stats.arch.decode(),
                 arch_name=stats.arch_name.decode(),
                 weight_scheme=stats.weight_scheme.decode(),
-                path=stats.path.decode(),
+                path=path,
                 n_layers=stats.n_layers,
                 n_moe_layers=stats.n_moe_layers,
                 hidden=stats.hidden,
@@ -341,7 +415,9 @@ class Model:
         )
         pointer = ctypes.c_void_p()
         count = ctypes.c_size_t()
-        _check(lib.colibri_tokenize(self._h(), _encode_text(text), flags, ctypes.byref(pointer), ctypes.byref(count)))
+        data = _encode_text(text)
+        with self._use() as handle:
+            _check(lib.colibri_tokenize(handle, data, flags, ctypes.byref(pointer), ctypes.byref(count)))
         owner = _LibraryBuffer(pointer.value, pointer.value, lib.colibri_free_tokens)
         return _array_over(pointer.value, count.value, ctypes.c_int32, owner)
 
@@ -355,11 +431,9 @@ class Model:
         text = ctypes.c_void_p()
         length = ctypes.c_size_t()
         flags = _ffi.DETOKENIZE_SKIP_SPECIAL if skip_special else 0
-        _check(
-            lib.colibri_detokenize(
-                self._h(), ids.ctypes.data, ids.size, flags, ctypes.byref(text), ctypes.byref(length)
-            )
-        )
+        with self._use() as handle:
+            _check(lib.colibri_detokenize(handle, ids.ctypes.data, ids.size, flags, ctypes.byref(text),
+                                          ctypes.byref(length)))
         try:
             return ctypes.string_at(text.value, length.value)
         finally:
@@ -400,10 +474,11 @@ class Model:
         ends when it closes (finish_reason "json_complete"). `exact_prompt=True`
         multiplies the prompt as generated tokens are (two int8 activation
         planes on 8-bit weights), so its logits are bit-identical to decoding it
-        token by token; by default its FFN gate and up products take one plane,
-        as colibri-run and the server do (docs/KERNELS.md, "Prefill modes")."""
+        token by token; by default its attention-output and FFN gate and up
+        products take one plane, as colibri-run and the server do
+        (docs/KERNELS.md, "Prefill modes")."""
         lib = _ffi.lib()
-        params = lib.colibri_inference_params_default()
+        params = _ffi.default(_ffi.InferenceParams)
         _set_int(params, "max_tokens", max_tokens)
         _set_int(params, "n_ctx", n_ctx)
         params.temperature = temperature
@@ -457,13 +532,29 @@ class Model:
             params.on_text = callback
 
         out = ctypes.POINTER(_ffi.Result)()
-        if isinstance(prompt, str):
-            status = lib.colibri_inference(self._h(), _encode_text(prompt), ctypes.byref(params), ctypes.byref(out))
-        else:
-            ids = _int32_ids(prompt, "prompt")
-            status = lib.colibri_inference_tokens(
-                self._h(), ids.ctypes.data, ids.size, ctypes.byref(params), ctypes.byref(out)
-            )
+        text = _encode_text(prompt) if isinstance(prompt, str) else None
+        ids = None if isinstance(prompt, str) else _int32_ids(prompt, "prompt")
+        local = self._thread
+        generating = getattr(local, "generating", 0)
+        with self._use() as handle:
+            # With an expert cache a generation holds the model's (non-recursive)
+            # store mutex until it returns, so a nested one would deadlock.
+            if generating and self._expert_cache:
+                raise RuntimeError(
+                    "generate() was called from an on_text callback of a generation on the same model, which has "
+                    "an expert cache: its generations run one at a time, so this one would wait forever for the "
+                    "outer one (generate after it returns, or use another Model)"
+                )
+            local.generating = generating + 1
+            try:
+                if text is not None:
+                    status = lib.colibri_inference(handle, text, ctypes.byref(params), ctypes.byref(out))
+                else:
+                    status = lib.colibri_inference_tokens(
+                        handle, ids.ctypes.data, ids.size, ctypes.byref(params), ctypes.byref(out)
+                    )
+            finally:
+                local.generating = generating
         result = Result(out) if status == _ffi.OK else None
         if failure:
             raise failure[0]
@@ -486,21 +577,27 @@ class Model:
         "mmap"; prefetch: "off", "on" or "next"; pinned: "layer:expert,..."
         never evicted; preload: "auto" (read every expert now when the budget
         holds them all), "on" (fill the budget now) or "off". Inferences on
-        this model then run one at a time. Raises LoadError when the budget is
-        below one layer's top-k experts (the message gives the minimum)."""
+        this model then run one at a time. Waits for the calls in progress on
+        the model; raises RuntimeError from one of its on_text callbacks.
+        Raises LoadError when the budget is below one layer's top-k experts
+        (the message gives the minimum)."""
         for value, table, name in ((io, self._CACHE_IO, "io"), (prefetch, self._CACHE_PREFETCH, "prefetch"),
                                    (preload, self._CACHE_PRELOAD, "preload")):
             if value not in table:
                 raise ValueError(f"{name} must be one of {sorted(table)}, got {value!r}")
         lib = _ffi.lib()
-        options = lib.colibri_expert_cache_options_default()
-        options.budget_mb = int(budget_mb)
+        options = _ffi.default(_ffi.ExpertCacheOptions)
+        options.budget_mb = _in_range(budget_mb, "budget_mb", 0, 2**64)
         options.policy = _int32(policy, "policy")
         options.io = self._CACHE_IO[io]
         options.prefetch = self._CACHE_PREFETCH[prefetch]
         options.pinned_experts = pinned.encode() if pinned else None
         options.preload = self._CACHE_PRELOAD[preload]
-        _check(lib.colibri_model_enable_expert_cache(self._h(), ctypes.byref(options)))
+        with self._exclusive_use("enable_expert_cache()"):
+            if not self._handle:
+                raise ValueError("the model is closed")
+            _check(lib.colibri_model_enable_expert_cache(self._handle, ctypes.byref(options)))
+            self._expert_cache = True
 
     def expert_cache_stats(self) -> dict:
         """The expert cache's counters so far (all 0 without one): budget
@@ -508,7 +605,8 @@ class Model:
         inference waited for reads, and the preload's bytes and seconds."""
         stats = _ffi.ModelStats()
         stats.struct_size = ctypes.sizeof(_ffi.ModelStats)
-        _check(_ffi.lib().colibri_model_info(self._h(), ctypes.byref(stats)))
+        with self._use() as handle:
+            _check(_ffi.lib().colibri_model_info(handle, ctypes.byref(stats)))
         return {
             "budget_bytes": stats.expert_cache_bytes,
             "hits": stats.expert_cache_hits,
@@ -523,7 +621,9 @@ class Model:
         """Changes the expert cache's eviction policy (CACHE_LRU, CACHE_LFU,
         CACHE_FIFO) from its next eviction. Raises UnsupportedError when the
         model has no expert cache (enable_expert_cache)."""
-        _check(_ffi.lib().colibri_model_set_cache_policy(self._h(), policy))
+        policy = _int32(policy, "policy")
+        with self._use() as handle:
+            _check(_ffi.lib().colibri_model_set_cache_policy(handle, policy))
 
 
 def _encode_text(text: str) -> bytes:
@@ -536,9 +636,7 @@ def _encode_text(text: str) -> bytes:
 
 
 def _set_int(params, field: str, value: int) -> None:
-    if not -(2**31) <= int(value) < 2**31:
-        raise InvalidArgumentError(_ffi.ERR_INVALID_ARGUMENT, f"{field} = {value} does not fit in int32")
-    setattr(params, field, int(value))
+    setattr(params, field, _int32(value, field))
 
 
 # ----------------------------------------------------------------------------- routing
@@ -589,13 +687,13 @@ class Router:
         if not normalize:
             _check(lib.colibri_init(_int32(num_experts, "num_experts"), _int32(top_k, "top_k"), ctypes.byref(handle)))
         else:
-            config = lib.colibri_router_config_default()
+            config = _ffi.default(_ffi.RouterConfig)
             config.num_experts = _int32(num_experts, "num_experts")
             config.top_k = _int32(top_k, "top_k")
             config.normalize = 1
             _check(lib.colibri_init_with_config(ctypes.byref(config), ctypes.byref(handle)))
         self._handle = handle
-        config = lib.colibri_router_config_default()
+        config = _ffi.default(_ffi.RouterConfig)
         _check(lib.colibri_router_get_config(handle, ctypes.byref(config)))
         self.num_experts: int = config.num_experts
         self.top_k: int = config.top_k
@@ -654,13 +752,23 @@ class Router:
     def set_cache_policy(self, policy: int) -> None:
         """Raises UnsupportedError: a router holds no experts, so it has no
         cache (Model.set_cache_policy applies to a model's expert cache)."""
-        _check(_ffi.lib().colibri_set_cache_policy(self._handle, policy))
+        _check(_ffi.lib().colibri_set_cache_policy(self._handle, _int32(policy, "policy")))
+
+
+def _in_range(value: int, name: str, low: int, high: int) -> int:
+    """int(value), refused outside [low, high): ctypes would wrap it silently."""
+    if not low <= int(value) < high:
+        def power(n: int) -> str:
+            return f"-2**{(-n).bit_length() - 1}" if n < 0 else f"2**{n.bit_length() - 1}" if n else "0"
+
+        raise InvalidArgumentError(
+            _ffi.ERR_INVALID_ARGUMENT, f"{name} = {value} is outside the range [{power(low)}, {power(high)}) of the C "
+            f"parameter it is passed as")
+    return int(value)
 
 
 def _int32(value: int, name: str) -> int:
-    if not -(2**31) <= int(value) < 2**31:
-        raise InvalidArgumentError(_ffi.ERR_INVALID_ARGUMENT, f"{name} = {value} does not fit in int32")
-    return int(value)
+    return _in_range(value, name, -(2**31), 2**31)
 
 
 def _check_output(array, dtype, shape, name: str) -> None:

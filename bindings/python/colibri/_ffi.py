@@ -192,6 +192,39 @@ _PROTOTYPES = {
     "colibri_free": (None, [c_void_p]),
 }
 
+class LibraryVersionError(OSError):
+    """libcolibri.so and this binding come from different colibri versions
+    (another ABI, a missing function or another struct layout)."""
+
+
+# The _default() function of each versioned struct the binding fills in.
+_DEFAULTS = {
+    LoadOptions: "colibri_load_options_default",
+    ExpertCacheOptions: "colibri_expert_cache_options_default",
+    InferenceParams: "colibri_inference_params_default",
+    RouterConfig: "colibri_router_config_default",
+}
+
+
+def default(struct: type) -> ctypes.Structure:
+    """The library's defaults for `struct`, refused unless the library's
+    struct is exactly this binding's. The library accepts a few older, shorter
+    layouts, but then ignores the fields it lacks; and a longer one would make
+    it read past the Python struct. The binding and the library are built
+    together, so any difference means they do not match."""
+    name = _DEFAULTS[struct]
+    value = getattr(lib(), name)()
+    size = ctypes.sizeof(struct)
+    if value.struct_size != size:
+        raise LibraryVersionError(
+            f"{name}() of {_path} reports struct_size {value.struct_size} but this binding's {struct.__name__} is "
+            f"{size} bytes: the library and the Python binding are from different colibri versions (use the "
+            f"binding built with the library)"
+        )
+    value.struct_size = size
+    return value
+
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _path: str | None = None
@@ -243,12 +276,19 @@ def lib() -> ctypes.CDLL:
                 path = system
         handle = ctypes.CDLL(path)
         for name, (restype, argtypes) in _PROTOTYPES.items():
-            function = getattr(handle, name)
+            try:
+                function = getattr(handle, name)
+            except AttributeError:
+                # A bare AttributeError would not say which library or why.
+                raise LibraryVersionError(
+                    f"{path} has no function {name}: the library is older than this Python binding (use the "
+                    f"library built with the binding, e.g. rebuild it, or point COLIBRI_LIBRARY at a newer one)"
+                ) from None
             function.restype = restype
             function.argtypes = argtypes
         abi = handle.colibri_abi_version()
         if abi != ABI_VERSION:
-            raise OSError(f"{path} implements colibri ABI {abi}; this package needs {ABI_VERSION}")
+            raise LibraryVersionError(f"{path} implements colibri ABI {abi}; this package needs {ABI_VERSION}")
         _path = path
         _lib = handle
         return handle
