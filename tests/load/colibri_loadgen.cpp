@@ -6,8 +6,9 @@
 // that the server returns to idle (sessions, queue, descriptors) afterwards.
 //
 // Prompts are token ids and ignore_eos is set, so every request generates
-// exactly its max_tokens. Every random choice (lengths, ids, arrivals, who
-// hangs up) comes from --seed, so two runs send the same requests.
+// exactly its max_tokens (one that does not is not ok). Every random choice
+// (lengths, ids, arrivals, who hangs up) comes from --seed, so two runs send
+// the same requests.
 //
 // Latencies of open-loop requests count from the moment the request was due,
 // not from when a client thread got to send it: a generator that waits for a
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -88,14 +90,15 @@ struct Plan {
 struct RequestStats {
   bool ok = false;
   bool hung_up = false;  // on purpose, by its plan
+  bool cut = false;      // still running at --duration's deadline: neither ok nor failed
   int status = 0;        // HTTP status, 0 when none was read
-  std::string error;     // transport error or "HTTP <status>"
+  std::string error;     // transport error, "HTTP <status>" or what the stream lacked
   bool started_late = false;
   int prompt_tokens = 0;
   int tokens = 0;
   double ttft_s = 0;  // from when it was due (closed loop: sent)
   double e2e_s = 0;   // from when it was due to its last token
-  std::vector<double> gaps_s;
+  std::vector<double> gaps_s;  // one per event after the first
   double decode_s = 0;  // first token to last token
 };
 
@@ -155,11 +158,17 @@ class Runner {
     stats.prompt_tokens = static_cast<int>(plan.prompt.size());
     httplib::Client client(options_.url);
     client.set_connection_timeout(5, 0);
-    const auto remaining = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now()).count();
-    if (plan.hangup_after_tokens == 0)
+    const auto sent_at = Clock::now();
+    if (plan.hangup_after_tokens == 0) {
       client.set_read_timeout(0, static_cast<time_t>(plan.hangup_wait_ms) * 1000);
-    else
-      client.set_read_timeout(std::max<long>(1, static_cast<long>(remaining)), 0);
+    } else {
+      // To the millisecond, rounded up: a read that times out has then
+      // reached the deadline, and is told from a server that broke off.
+      const auto remaining_ms =
+          std::max<long long>(1, std::chrono::ceil<std::chrono::milliseconds>(deadline - sent_at).count() + 1);
+      client.set_read_timeout(static_cast<time_t>(remaining_ms / 1000),
+                              static_cast<time_t>(remaining_ms % 1000) * 1000);
+    }
     json body = {{"prompt", plan.prompt}, {"max_tokens", plan.max_tokens}, {"stream", true},
                  {"ignore_eos", true}, {"return_token_ids", true}, {"temperature", 0}};
     httplib::Request request;
@@ -169,39 +178,84 @@ class Runner {
     request.set_header("Content-Type", "application/json");
     if (!api_key_.empty()) request.set_header("Authorization", "Bearer " + api_key_);
     Clock::time_point first, last;
-    std::string buffer;
-    bool hang_up = false;
+    std::string buffer, stream_error, finish_reason;
+    bool hang_up = false, done = false, out_of_time = false;
+    // Returns an event's complaint, empty when it is well formed. The server
+    // reports a failure after the headers as an {"error": ...} event, still
+    // followed by [DONE] under status 200.
+    auto take_event = [&](const std::string& event) -> std::string {
+      if (event.rfind("data: ", 0) != 0) return {};
+      if (event == "data: [DONE]") {
+        done = true;
+        return {};
+      }
+      const json chunk = json::parse(event.substr(6), nullptr, false);
+      if (chunk.is_discarded() || !chunk.is_object()) return "malformed event";
+      if (chunk.contains("error")) {
+        const json& error = chunk["error"];
+        const json message = error.is_object() && error.contains("message") ? error["message"] : error;
+        return "stream error: " + (message.is_string() ? message.get<std::string>() : message.dump());
+      }
+      if (!chunk.contains("choices")) return {};
+      const json& choices = chunk["choices"];
+      if (!choices.is_array()) return "malformed event";
+      if (choices.empty()) return {};
+      const json& choice = choices[0];
+      if (!choice.is_object()) return "malformed event";
+      if (choice.contains("finish_reason") && choice["finish_reason"].is_string())
+        finish_reason = choice["finish_reason"].get<std::string>();
+      if (!choice.contains("token_ids")) return {};
+      if (!choice["token_ids"].is_array()) return "malformed event";
+      const auto n = static_cast<int>(choice["token_ids"].size());
+      if (n == 0) return {};
+      const auto now = Clock::now();
+      if (stats.tokens == 0) {
+        first = now;
+        stats.ttft_s = std::chrono::duration<double>(now - due).count();
+      } else {
+        // One sample per event, as vLLM's benchmark_serving: tokens that
+        // piled up behind a stall arrive together, and splitting the wait
+        // over them would hide the stall.
+        stats.gaps_s.push_back(std::chrono::duration<double>(now - last).count());
+      }
+      last = now;
+      stats.tokens += n;
+      if (plan.hangup_after_tokens >= 0 && stats.tokens >= std::max(1, plan.hangup_after_tokens)) hang_up = true;
+      return {};
+    };
     request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t, std::uint64_t) {
       buffer.append(data, size);
       std::size_t end;
       while ((end = buffer.find("\n\n")) != std::string::npos) {
-        std::string event = buffer.substr(0, end);
+        std::string complaint = take_event(buffer.substr(0, end));
         buffer.erase(0, end + 2);
-        if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
-        json chunk = json::parse(event.substr(6), nullptr, false);
-        if (chunk.is_discarded() || !chunk.contains("choices") || chunk["choices"].empty()) continue;
-        const auto n = static_cast<int>(chunk["choices"][0].value("token_ids", json::array()).size());
-        if (n == 0) continue;
-        const auto now = Clock::now();
-        if (stats.tokens == 0) {
-          first = now;
-          stats.ttft_s = std::chrono::duration<double>(now - due).count();
-        } else {
-          // Tokens that arrive together share the gap since the last event.
-          const double gap = std::chrono::duration<double>(now - last).count() / n;
-          for (int i = 0; i < n; ++i) stats.gaps_s.push_back(gap);
-        }
-        last = now;
-        stats.tokens += n;
-        if (plan.hangup_after_tokens >= 0 && stats.tokens >= std::max(1, plan.hangup_after_tokens)) hang_up = true;
+        if (stream_error.empty()) stream_error = std::move(complaint);
       }
-      return !hang_up && Clock::now() < deadline;
+      if (hang_up) return false;
+      if (!done && Clock::now() >= deadline) {
+        out_of_time = true;
+        return false;
+      }
+      return true;
     };
     httplib::Response response;
     httplib::Error error = httplib::Error::Success;
     const bool sent = client.send(request, response, error);
-    if (plan.hangup_after_tokens >= 0 && (hang_up || error == httplib::Error::Read)) {
-      stats.hung_up = true;  // a read timeout is how the prefill-phase hang-up happens
+    const auto ended = Clock::now();
+    if (!stream_error.empty()) {
+      stats.error = stream_error;
+      return stats;
+    }
+    // Only a hang-up of the plan's own making: the receiver said stop, or the
+    // prefill-phase wait ran out as a read timeout (which cannot come sooner).
+    // A read that fails sooner is the server breaking off, a failure.
+    if (hang_up || (plan.hangup_after_tokens == 0 && !sent && error == httplib::Error::Read &&
+                    ended - sent_at >= std::chrono::milliseconds(plan.hangup_wait_ms))) {
+      stats.hung_up = true;
+      return stats;
+    }
+    if (out_of_time || (!sent && error == httplib::Error::Read && ended >= deadline)) {
+      stats.cut = true;
       return stats;
     }
     if (!sent) {
@@ -213,8 +267,13 @@ class Runner {
       stats.error = "HTTP " + std::to_string(response.status);
       return stats;
     }
-    stats.ok = stats.tokens > 0;
-    if (!stats.ok) stats.error = "no tokens";
+    if (!done)
+      stats.error = "no [DONE]";
+    else if (finish_reason.empty())
+      stats.error = "no finish_reason";
+    else if (stats.tokens != plan.max_tokens)  // ignore_eos: exactly max_tokens, or the figures lie
+      stats.error = "token count is not max_tokens";
+    stats.ok = stats.error.empty();
     stats.e2e_s = std::chrono::duration<double>(last - due).count();
     if (stats.tokens > 1) stats.decode_s = std::chrono::duration<double>(last - first).count();
     return stats;
@@ -242,7 +301,7 @@ class Runner {
     }
     for (auto& thread : clients) thread.join();
     if (out_of_time) results.resize(std::min(results.size(), next.load()));
-    std::erase_if(results, [](const RequestStats& s) { return !s.ok && !s.hung_up && s.error.empty(); });
+    std::erase_if(results, [](const RequestStats& s) { return !s.ok && !s.hung_up && !s.cut && s.error.empty(); });
     return results;
   }
 
@@ -335,16 +394,42 @@ json server_gauges(const std::map<std::string, double>& values) {
   return out;
 }
 
+// An order statistic of no sample is null ("n/a" in text): a 0 there would
+// read as a perfect latency.
+json order_stat(const std::vector<double>& values, double p) {
+  return values.empty() ? json() : json(percentile(values, p));
+}
+
+json median_or_null(const std::vector<double>& values) { return values.empty() ? json() : json(median(values)); }
+
+std::string seconds_text(const json& value) {
+  if (!value.is_number()) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", value.get<double>());
+  return text;
+}
+
+std::string percent_text(const json& value) {
+  if (!value.is_number()) return "n/a";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f %%", 100 * value.get<double>());
+  return text;
+}
+
 json summarize(const std::vector<RequestStats>& all, double wall_s, const Options& options) {
   std::vector<double> ttft, gaps, tpot, e2e;
   long tokens = 0, prompt_tokens = 0;
-  int ok = 0, failed = 0, hung_up = 0, hung_up_early = 0, late = 0, good = 0;
+  int ok = 0, failed = 0, hung_up = 0, hung_up_early = 0, cut = 0, late = 0, good = 0;
   std::map<std::string, int> errors;
   for (const RequestStats& s : all) {
     if (s.started_late) ++late;
     if (s.hung_up) {
       ++hung_up;
       if (s.tokens == 0) ++hung_up_early;
+      continue;
+    }
+    if (s.cut) {
+      ++cut;
       continue;
     }
     if (!s.ok) {
@@ -366,11 +451,14 @@ json summarize(const std::vector<RequestStats>& all, double wall_s, const Option
     prompt_tokens += s.prompt_tokens;
   }
   auto rate = [&](double n) { return wall_s > 0 ? n / wall_s : 0.0; };
-  auto max_of = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+  auto max_of = [](const std::vector<double>& v) {
+    return v.empty() ? json() : json(*std::max_element(v.begin(), v.end()));
+  };
   json summary = {{"requests_ok", ok},
                   {"requests_failed", failed},
                   {"requests_hung_up", hung_up},
                   {"requests_hung_up_before_first_token", hung_up_early},
+                  {"requests_cut_by_deadline", cut},
                   {"generated_tokens", tokens},
                   {"prompt_tokens", prompt_tokens},
                   {"wall_s", wall_s},
@@ -378,18 +466,18 @@ json summarize(const std::vector<RequestStats>& all, double wall_s, const Option
                   {"tokens_per_s", rate(static_cast<double>(tokens))},
                   {"total_tokens_per_s", rate(static_cast<double>(tokens + prompt_tokens))},
                   {"goodput_requests_per_s", rate(good)},
-                  {"goodput_fraction", ok > 0 ? static_cast<double>(good) / ok : 0.0},
-                  {"ttft_p50_s", percentile(ttft, 50)},
-                  {"ttft_p90_s", percentile(ttft, 90)},
-                  {"ttft_p99_s", percentile(ttft, 99)},
+                  {"goodput_fraction", ok > 0 ? json(static_cast<double>(good) / ok) : json()},
+                  {"ttft_p50_s", order_stat(ttft, 50)},
+                  {"ttft_p90_s", order_stat(ttft, 90)},
+                  {"ttft_p99_s", order_stat(ttft, 99)},
                   {"ttft_max_s", max_of(ttft)},
-                  {"itl_p50_s", percentile(gaps, 50)},
-                  {"itl_p99_s", percentile(gaps, 99)},
+                  {"itl_p50_s", order_stat(gaps, 50)},
+                  {"itl_p99_s", order_stat(gaps, 99)},
                   {"itl_max_s", max_of(gaps)},
-                  {"tpot_p50_s", percentile(tpot, 50)},
-                  {"tpot_p99_s", percentile(tpot, 99)},
-                  {"e2e_p50_s", percentile(e2e, 50)},
-                  {"e2e_p99_s", percentile(e2e, 99)}};
+                  {"tpot_p50_s", order_stat(tpot, 50)},
+                  {"tpot_p99_s", order_stat(tpot, 99)},
+                  {"e2e_p50_s", order_stat(e2e, 50)},
+                  {"e2e_p99_s", order_stat(e2e, 99)}};
   if (late > 0) summary["requests_started_late"] = late;
   if (!errors.empty()) summary["errors"] = errors;
   return summary;
@@ -509,7 +597,7 @@ json pooled_report(const Pool& pool, const std::vector<Point>& points, const Opt
     // With one token per event on a real model this is the pure decode rate;
     // tokens_per_s beside it counts the prompt's processing too, as the load's does.
     report["single_stream"]["decode_tokens_per_s"] =
-        pool.decode_s > 0 ? static_cast<double>(pool.decode_tokens) / pool.decode_s : 0.0;
+        pool.decode_s > 0 ? json(static_cast<double>(pool.decode_tokens) / pool.decode_s) : json();
     single = report["single_stream"]["tokens_per_s"].get<double>();
     failed += report["single_stream"]["requests_failed"].get<int>();
     note_errors(pool.single_all);
@@ -521,7 +609,7 @@ json pooled_report(const Pool& pool, const std::vector<Point>& points, const Opt
     if (points[p].rate > 0) item["rate_per_s"] = points[p].rate;
     if (single > 0) {
       item["speedup_vs_single_stream"] = item["load"]["tokens_per_s"].get<double>() / single;
-      item["speedup_median_of_rounds"] = median(pool.point_ratios[p]);
+      item["speedup_median_of_rounds"] = median_or_null(pool.point_ratios[p]);
     }
     failed += item["load"]["requests_failed"].get<int>();
     note_errors(pool.point_all[p]);
@@ -558,7 +646,9 @@ int main(int argc, char** argv) {
       "clients (default), one point per concurrency of --sweep, or open-loop Poisson arrivals at each\n"
       "rate of --rates. Prints a JSON report (latencies, throughput, goodput, errors by kind, the\n"
       "server's CPU use and whether it went back to idle); exits 1 when a request failed (a 429 is\n"
-      "counted under errors and fails too) or --check-idle found the server busy afterwards."};
+      "counted under errors and fails too; one still running at the --duration deadline is counted\n"
+      "as cut, not failed) or --check-idle found the server busy afterwards; 2 when it cannot start\n"
+      "(a bad --sweep or --rates, API key file or /v1/models answer)."};
   app.add_option("--url", options.url, "Server URL")->capture_default_str();
   app.add_option("--clients", options.clients, "Concurrent streaming clients (closed loop)")
       ->capture_default_str()
@@ -675,8 +765,18 @@ int main(int argc, char** argv) {
 
   std::string api_key;
   if (!options.api_key_file.empty()) {
+    // As the server reads its api_key_file: the first line, without a CR.
     std::ifstream in(options.api_key_file);
+    if (!in) {
+      std::fprintf(stderr, "colibri-loadgen: cannot read --api-key-file %s\n", options.api_key_file.c_str());
+      return 2;
+    }
     std::getline(in, api_key);
+    if (!api_key.empty() && api_key.back() == '\r') api_key.pop_back();
+    if (api_key.empty()) {
+      std::fprintf(stderr, "colibri-loadgen: --api-key-file %s is empty\n", options.api_key_file.c_str());
+      return 2;
+    }
   }
   httplib::Client probe(options.url);
   httplib::Headers headers;
@@ -686,7 +786,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "colibri-loadgen: cannot read %s/v1/models\n", options.url.c_str());
     return 1;
   }
-  const int vocab = json::parse(models->body)["data"][0].value("vocab", 512);
+  // Prompt ids are drawn below the model's "vocab" (512 when not given).
+  int vocab = 512;
+  std::string problem;
+  const json listing = json::parse(models->body, nullptr, false);
+  if (listing.is_discarded())
+    problem = "is not JSON";
+  else if (!listing.is_object() || !listing.contains("data") || !listing["data"].is_array())
+    problem = "has no \"data\" array";
+  else if (listing["data"].empty())
+    problem = "lists no model (\"data\" is empty)";
+  else if (const json& model = listing["data"][0]; !model.is_object())
+    problem = "has a \"data\"[0] that is not an object";
+  else if (model.contains("vocab")) {
+    const json& value = model["vocab"];
+    if (!value.is_number_integer() || value.get<std::int64_t>() <= 0 || value.get<std::int64_t>() > INT32_MAX)
+      problem = "gives \"vocab\" " + value.dump() + ", not a positive integer";
+    else
+      vocab = static_cast<int>(value.get<std::int64_t>());
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "colibri-loadgen: %s/v1/models %s\n", options.url.c_str(), problem.c_str());
+    return 2;
+  }
   const auto deadline = Clock::now() + std::chrono::seconds(options.duration_s);
   Runner runner(options, api_key, vocab);
   MetricsReader metrics(options.url, api_key);
@@ -740,13 +862,14 @@ int main(int argc, char** argv) {
         pool.point_ratios[p].push_back(item["speedup_vs_single_stream"].get<double>());
       }
       std::fprintf(stderr,
-                   "round %d%s %-14s ok %d failed %d hung up %d  %.1f tok/s  TTFT P50 %.3f P99 %.3f s  ITL P50 %.3f "
-                   "P99 %.3f s  goodput %.0f %%\n",
+                   "round %d%s %-14s ok %d failed %d hung up %d cut %d  %.1f tok/s  TTFT P50 %s P99 %s s  ITL P50 %s "
+                   "P99 %s s  goodput %s\n",
                    round + 1, tag, point.label.c_str(), summary["requests_ok"].get<int>(),
                    summary["requests_failed"].get<int>(), summary["requests_hung_up"].get<int>(),
-                   summary["tokens_per_s"].get<double>(), summary["ttft_p50_s"].get<double>(),
-                   summary["ttft_p99_s"].get<double>(), summary["itl_p50_s"].get<double>(),
-                   summary["itl_p99_s"].get<double>(), 100 * summary["goodput_fraction"].get<double>());
+                   summary["requests_cut_by_deadline"].get<int>(), summary["tokens_per_s"].get<double>(),
+                   seconds_text(summary["ttft_p50_s"]).c_str(), seconds_text(summary["ttft_p99_s"]).c_str(),
+                   seconds_text(summary["itl_p50_s"]).c_str(), seconds_text(summary["itl_p99_s"]).c_str(),
+                   percent_text(summary["goodput_fraction"]).c_str());
       round_points.push_back(std::move(item));
       pool.point_all[p].insert(pool.point_all[p].end(), results.begin(), results.end());
       pool.point_wall[p] += wall;
@@ -769,9 +892,11 @@ int main(int argc, char** argv) {
       json under = run_phase(attacked, round, round_seed, " slowloris");
       json attack = slowloris->stop();
       under["attack"] = std::move(attack);
+      // A figure of no sample (null) has no ratio: none is recorded.
       auto ratio = [&](const std::string& name, const json& a, const json& b, const char* key) {
-        const double denominator = b.value(key, 0.0);
-        if (denominator > 0) attack_ratios[name].push_back(a.value(key, 0.0) / denominator);
+        if (!a.contains(key) || !b.contains(key) || !a[key].is_number() || !b[key].is_number()) return;
+        const double denominator = b[key].get<double>();
+        if (denominator > 0) attack_ratios[name].push_back(a[key].get<double>() / denominator);
       };
       if (entry.contains("single_stream") && under.contains("single_stream")) {
         ratio("single_stream_itl_p99", under["single_stream"], entry["single_stream"], "itl_p99_s");
@@ -804,7 +929,10 @@ int main(int argc, char** argv) {
   if (points.size() == 1) {
     const json& only = report["points"][0];
     report["concurrent"] = only["load"];
-    report["concurrent"]["clients"] = options.clients;
+    if (points[0].concurrency > 0)
+      report["concurrent"]["clients"] = points[0].concurrency;
+    else
+      report["concurrent"]["rate_per_s"] = points[0].rate;
     for (const char* key : {"speedup_vs_single_stream", "speedup_median_of_rounds"})
       if (only.contains(key)) report[key] = only[key];
   }

@@ -154,7 +154,10 @@ void Slowloris::run() {
       close(c.fd);
     }
   freeaddrinfo(resolved);
-  auto lifetime = [&](double p) { return lifetimes_s.empty() ? 0.0 : benchtool::percentile(lifetimes_s, p); };
+  // null when no connection was closed by the server: a 0 would read as an instant close.
+  auto lifetime = [&](double p) {
+    return lifetimes_s.empty() ? nlohmann::json() : nlohmann::json(benchtool::percentile(lifetimes_s, p));
+  };
   report_ = {{"connections", connections_},
              {"interval_ms", interval_ms_},
              {"seconds", std::chrono::duration<double>(Clock::now() - start).count()},

@@ -10,7 +10,9 @@
 #      closed with a 408 and reopened, and the descriptors come back;
 # after each, --check-idle: no session, nothing queued, descriptors back.
 # Then the check itself must fail against a stub server whose /metrics still
-# shows a busy session, or it could pass without looking.
+# shows a busy session, or it could pass without looking; and the same stub
+# answers what the fixture cannot be made to: an error inside the stream, a
+# reset, a stall past --duration, tokens arriving together, a bad /v1/models.
 set -euo pipefail
 source "$(dirname "$0")/lib/server_port.sh"
 build_dir=$(cd "$1" && pwd)
@@ -67,6 +69,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 load = d["points"][0]["load"]
 assert d["points"][0]["rate_per_s"] == 25, d["points"][0]
+# The one point's own load, not the unused --clients default.
+assert d["concurrent"]["rate_per_s"] == 25 and "clients" not in d["concurrent"], d["concurrent"]
 assert load["requests_ok"] + load["requests_hung_up"] == 40, load
 assert load["requests_failed"] == 0, load
 assert 10 <= load["requests_hung_up"] <= 35, load  # 60 % of 40, give or take the draw
@@ -80,13 +84,16 @@ grep -q "finish=cancelled stream=true" "$work/server.log" || fail "no hung-up re
 
 # 3. Slowloris: 40 connections trickling header bytes hold none of the 4 HTTP
 # threads (else the requests below would wait for them and time out); the
-# 2.5 s lead lets the server close each one with its 408 at least once.
+# 2.5 s lead lets the server close each one with its 408 at least once. The
+# API key file ends in CRLF, which both sides must drop.
+printf 'sekrit\r\n' > "$work/key"
 "$server" --model "$data_dir/fixtures/qwen3moe-tiny" --port 0 --grpc-port -1 --http-threads 4 \
-  --read-timeout-s 1 --watch-model off > "$work/slow.out" 2> "$work/slow.log" &
+  --read-timeout-s 1 --watch-model off --api-key-file "$work/key" > "$work/slow.out" 2> "$work/slow.log" &
 pids+=($!)
 slow_port=$(wait_for_port "$work/slow.out") || fail "the slowloris server did not start"
-"$loadgen" --url "http://127.0.0.1:$slow_port" --clients 2 --requests 6 --baseline-requests 1 --max-tokens 16 \
-  --slowloris 40 --slowloris-interval-ms 200 --slowloris-lead-ms 2500 --duration 120 --check-idle \
+"$loadgen" --url "http://127.0.0.1:$slow_port" --api-key-file "$work/key" --clients 2 --requests 6 \
+  --baseline-requests 1 --max-tokens 16 --slowloris 40 --slowloris-interval-ms 200 --slowloris-lead-ms 2500 \
+  --duration 120 --check-idle \
   > "$work/slow.json" 2> "$work/slow.err" || fail "slowloris: $(cat "$work/slow.err")"
 python3 - "$work/slow.json" << 'EOF' || fail "slowloris report"
 import json, sys
@@ -115,37 +122,117 @@ assert d["server"]["idle"] is True, d["server"]
 EOF
 
 # 4. --check-idle against a server that stays busy: it must say so and exit 1.
+# Its streams depend on max_tokens: 2 ends in an error event (then [DONE],
+# status 200, as colibri-server reports a failure after the headers), 3 sends
+# its 2nd and 3rd tokens in one event 0.4 s after the 1st, 4 breaks off after
+# the headers, 5 stalls for 3 s; any other gives one token. Its /v1/models
+# depends on the API key.
 python3 - "$work/stub.port" << 'EOF' > "$work/stub.log" 2>&1 &
-import http.server, json, sys
+import http.server, json, sys, time
+def event(value):
+    return ("data: " + (value if isinstance(value, str) else json.dumps(value)) + "\n\n").encode()
+def tokens(ids, finish=None):
+    return event({"choices": [{"text": "x", "token_ids": ids, "finish_reason": finish}]})
 class Stub(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args): pass
-    def send(self, body, kind="application/json"):
-        data = body.encode()
+    def send(self, body, kind="application/json", length=None):
+        data = body if isinstance(body, bytes) else body.encode()
         self.send_response(200)
         self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(data) if length is None else length))
         self.end_headers()
         self.wfile.write(data)
+        self.wfile.flush()
     def do_GET(self):
         if self.path == "/v1/models":
-            self.send(json.dumps({"data": [{"id": "stub", "vocab": 100}]}))
+            key = self.headers.get("Authorization", "")
+            if key == "Bearer models-empty":
+                self.send(json.dumps({"object": "list", "data": []}))
+            elif key == "Bearer models-text":
+                self.send("<html>not here</html>", "text/html")
+            else:
+                self.send(json.dumps({"data": [{"id": "stub", "vocab": 100}]}))
         else:
             self.send("# TYPE colibri_active_sessions gauge\ncolibri_active_sessions 1\n"
                       "# TYPE colibri_queue_depth gauge\ncolibri_queue_depth 0\n", "text/plain")
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        chunk = json.dumps({"choices": [{"text": "x", "token_ids": [7]}]})
-        self.send("data: " + chunk + "\n\ndata: [DONE]\n\n", "text/event-stream")
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n, done = body["max_tokens"], tokens([], "length") + event("[DONE]")
+        if n == 2:
+            error = {"error": {"message": "decoding failed: stub", "type": "server_error"}}
+            self.send(tokens([7]) + event(error) + event("[DONE]"), "text/event-stream")
+        elif n == 4:
+            self.send(b"data: ", "text/event-stream", length=100000)
+        elif n in (3, 5):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(tokens([7]))
+            self.wfile.flush()
+            time.sleep(0.4 if n == 3 else 3)
+            self.wfile.write(tokens([8, 9]) + (tokens([10]) if n == 5 else b"") + done)
+        else:
+            self.send(tokens([7]) + done, "text/event-stream")
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+server.daemon_threads = True
 open(sys.argv[1], "w").write(str(server.server_address[1]))
 server.serve_forever()
 EOF
 pids+=($!)
 for _ in $(seq 50); do [[ -s $work/stub.port ]] && break; sleep 0.1; done
 [[ -s $work/stub.port ]] || fail "the stub server did not start: $(cat "$work/stub.log")"
-if "$loadgen" --url "http://127.0.0.1:$(cat "$work/stub.port")" --clients 1 --requests 1 --baseline-requests 0 \
+stub=http://127.0.0.1:$(cat "$work/stub.port")
+if "$loadgen" --url "$stub" --clients 1 --requests 1 --baseline-requests 0 \
   --max-tokens 1 --duration 30 --check-idle --idle-wait 1 > "$work/stub.json" 2> "$work/stub.err"; then
   fail "--check-idle passed while /metrics showed an active session"
 fi
 grep -q "colibri_active_sessions is 1" "$work/stub.err" || fail "--check-idle did not name the busy session: $(cat "$work/stub.err")"
+
+# 5. The stub's failures. `stub_run NAME FLAGS...` leaves NAME.json, NAME.err, NAME.rc.
+stub_run() {
+  local name=$1
+  shift
+  local rc=0
+  "$loadgen" --url "$stub" --clients 1 --baseline-requests 0 --idle-wait 0 "$@" \
+    > "$work/$name.json" 2> "$work/$name.err" || rc=$?
+  echo "$rc" > "$work/$name.rc"
+}
+stub_run error --requests 1 --max-tokens 2 --duration 30  # an error event after a token, then [DONE]
+stub_run short --requests 1 --max-tokens 6 --duration 30  # [DONE] after 1 of 6 tokens
+stub_run reset --requests 4 --max-tokens 4 --disconnect-fraction 1 --disconnect-wait-ms 5000 --duration 30
+stub_run itl --requests 1 --max-tokens 3 --duration 30
+stub_run cut --requests 1 --max-tokens 5 --duration 1
+python3 - "$work" << 'EOF' || fail "stub runs: $(cat "$work"/{error,short,reset,itl,cut}.err)"
+import json, sys
+def run(name):
+    rc = int(open(f"{sys.argv[1]}/{name}.rc").read())
+    return rc, json.load(open(f"{sys.argv[1]}/{name}.json"))["concurrent"], open(f"{sys.argv[1]}/{name}.err").read()
+rc, load, err = run("error")
+assert rc == 1 and load["requests_ok"] == 0 and load["errors"] == {"stream error: decoding failed: stub": 1}, load
+# No ok request, no latency: null, not a perfect 0.
+assert load["ttft_p99_s"] is None and load["itl_p99_s"] is None and load["goodput_fraction"] is None, load
+assert "TTFT P50 n/a" in err, err
+rc, load, _ = run("short")
+assert rc == 1 and load["requests_failed"] == 1 and load["generated_tokens"] == 0, load
+# Every request planned to hang up, but the server broke off first: failures.
+rc, load, _ = run("reset")
+assert rc == 1 and load["requests_failed"] == 4 and load["requests_hung_up"] == 0, load
+# One gap per event: the 0.4 s wait is not split over the two tokens it delivered.
+rc, load, _ = run("itl")
+assert rc == 0 and load["requests_ok"] == 1 and load["generated_tokens"] == 3, load
+assert 0.3 <= load["itl_max_s"] < 2 and load["itl_p50_s"] == load["itl_max_s"], load
+# Still streaming at --duration: cut, neither ok nor failed.
+rc, load, _ = run("cut")
+assert rc == 0 and load["requests_cut_by_deadline"] == 1 and load["requests_failed"] == 0, load
+EOF
+
+# 6. What it is given must make sense: exit 2 naming the problem.
+for case in "models-empty:lists no model" "models-text:is not JSON" "missing:cannot read --api-key-file"; do
+  key=${case%%:*} message=${case#*:}
+  [[ $key == missing ]] || echo "$key" > "$work/$key.key"
+  rc=0
+  "$loadgen" --url "$stub" --api-key-file "$work/$key.key" --clients 1 --requests 1 --baseline-requests 0 \
+    --max-tokens 1 --idle-wait 0 --duration 30 > /dev/null 2> "$work/$key.err" || rc=$?
+  [[ $rc == 2 ]] && grep -q "$message" "$work/$key.err" || fail "$key: exit $rc, $(cat "$work/$key.err")"
+done
 echo "loadgen_scenarios: ok"
