@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <mutex>
 
 #include "kernels/kernel_table.h"
@@ -121,6 +123,7 @@ inline const KernelTable& table() {
 
 std::int32_t padded_length(std::int32_t n) { return (n + 127) / 128 * 128; }
 
+
 }  // namespace
 
 std::string_view isa_name(Isa isa) {
@@ -197,8 +200,8 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, Act
   out.residual_x.resize(static_cast<std::size_t>(n));
   t.quantize_activation(x, n, group, out.q.data(), out.q4.data(), out.scales.data(), out.sums.data(),
                         out.residual_x.data());
-  t.quantize_activation(out.residual_x.data(), n, group, out.residual_q.data(), out.residual_q4.data(),
-                        out.residual_scales.data(), out.residual_sums.data(), nullptr);
+  t.quantize_residual(out.residual_x.data(), n, group, out.scales.data(), out.residual_q.data(),
+                      out.residual_q4.data(), out.residual_scales.data(), out.residual_sums.data());
 }
 
 bool uses_int8_activations(const Matrix& w, const ActivationQ8* xq) {

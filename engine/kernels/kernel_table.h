@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/activation_planes.h"
 #include "kernels/dispatch.h"
 #include "model/weights.h"
 
@@ -20,6 +21,12 @@ namespace colibri::kernels {
 // their sign. Such a group, and a NaN value, quantize to 0 in every path (NaN
 // is also left out of the group's maximum).
 constexpr float kSmallestActivationAmax = 1e-36f;
+
+// Q8R16 products with the residual plane and groups up to this size combine
+// the two planes' exact dots in int32, kResidualRatio x dot + lo (at most
+// group x 127 x (127 x 128 + 64) < 2^31), and take one scale step with the
+// residual scale instead of one per plane. Larger groups keep two steps.
+constexpr std::int32_t kQ8R16CombinedMaxGroup = 1024;
 
 // Read-only view of an ActivationQ8 (kernels.h) without its std::vectors.
 // The residual plane's pointers are null when it is absent.
@@ -45,6 +52,13 @@ struct KernelTable {
   // second call with the residual's buffers quantizes that.
   void (*quantize_activation)(const float* x, std::int32_t n, std::int32_t group, std::int8_t* q,
                               std::int8_t* q4, float* scales, std::int32_t* sums, float* residual);
+  // The residual plane of r (what quantize_activation's first plane missed):
+  // codes of r / (first_scales[g] / kResidualRatio), rounded to nearest even
+  // and held to [-kResidualLimit, kResidualLimit] (NaN gives 0), with
+  // quantize_activation's padding and q4 order. Every path must produce
+  // identical bytes.
+  void (*quantize_residual)(const float* r, std::int32_t n, std::int32_t group, const float* first_scales,
+                            std::int8_t* q, std::int8_t* q4, float* scales, std::int32_t* sums);
   // xq is null unless w is Q8/Q4 with xq->group == w.group.
   void (*matvec)(const Matrix& w, const float* x, const ActivationView* xq, float* y,
                  std::int32_t row_begin, std::int32_t row_end);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/activation_planes.h"
 #include "model/weights.h"
 
 namespace colibri::kernels {
@@ -20,10 +21,13 @@ namespace colibri::kernels {
 // the same group size then run on integer dot products.
 //
 // With `residual`, a second int8 plane quantizes what the first one missed,
-// x[c] - scales * q[c], with its own per-group scale (at most 1/254 of the
-// first): x[c] ~ scales * q[c] + residual_scales * residual_q[c]. The
+// x[c] - scales * q[c], at exactly 1/kResidualRatio of the first plane's
+// scale (codes within [-kResidualLimit, kResidualLimit], the residual being at
+// most half a step): x[c] ~ scales * q[c] + residual_scales * residual_q[c].
+// The fixed power-of-two ratio lets the Q8R16 kernels add the two planes'
+// integer dots before one scale step (kernels_scalar.cpp). The
 // kernels then take two integer dot products per weight load, and the
-// activation error drops by about 250x, to near the f32 result, for about
+// activation error drops by about 130x, to near the f32 result, for about
 // half again the arithmetic (the weights, which bound the speed, are read once).
 struct ActivationQ8 {
   std::int32_t n = 0;

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -485,6 +486,15 @@ __m256 q8r16_scale_step(__m256 acc, __m256i dot, __m256 w_scale, float x_scale) 
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(w_scale, _mm256_set1_ps(x_scale)), acc);
 }
 
+// Both planes' steps (kernels_scalar.cpp): for groups up to
+// kQ8R16CombinedMaxGroup the dots added exactly in int32 and one step.
+__m256 q8r16_planes_step(__m256 acc, __m256i dot, __m256i lo, __m256 w_scale, const ActivationView& a, int32_t g,
+                         bool combined) {
+  static_assert(kResidualRatio == 1 << 7);
+  if (combined) return q8r16_scale_step(acc, _mm256_add_epi32(_mm256_slli_epi32(dot, 7), lo), w_scale, a.residual_scales[g]);
+  return q8r16_scale_step(q8r16_scale_step(acc, dot, w_scale, a.scales[g]), lo, w_scale, a.residual_scales[g]);
+}
+
 // int8 activations, with the sign trick of q8_int8_matvec. Columns past
 // `cols` up to the chunk's end are zero in the weights (and in q, which is
 // zero-padded to 128), so whole chunks are exact.
@@ -498,6 +508,7 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
   const int32_t groups = group_count(w.cols, w.group);
   const auto* base = static_cast<const std::int8_t*>(w.data);
   const __m256i ones = _mm256_set1_epi16(1);
+  const bool combined = w.group <= kQ8R16CombinedMaxGroup;
   Q8R16Sums acc[kQ8R16Chunk];
   for (int32_t first = 0; first < n; first += kQ8R16Chunk) {
     const int32_t count = n - first < kQ8R16Chunk ? n - first : kQ8R16Chunk;
@@ -535,8 +546,10 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
             Q8R16Sums& sums = acc[v0 + v];
             for (int h = 0; h < 2; ++h) {
               const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
-              sums.half[h] = q8r16_scale_step(sums.half[h], dot[v][h], w_scale, a.scales[g]);
-              if constexpr (Residual) sums.half[h] = q8r16_scale_step(sums.half[h], lo[v][h], w_scale, a.residual_scales[g]);
+              if constexpr (Residual)
+                sums.half[h] = q8r16_planes_step(sums.half[h], dot[v][h], lo[v][h], w_scale, a, g, combined);
+              else
+                sums.half[h] = q8r16_scale_step(sums.half[h], dot[v][h], w_scale, a.scales[g]);
             }
           }
         });
@@ -558,6 +571,7 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* xq, float* y, int
   const int32_t groups = group_count(w.cols, w.group);
   const auto* base = static_cast<const std::int8_t*>(w.data);
   const __m256i ones = _mm256_set1_epi16(1);
+  const bool combined = w.group <= kQ8R16CombinedMaxGroup;
   const ActivationView& a = *xq;
   const int32_t first = row_begin / kQ8R16Rows, blocks = (row_end - 1) / kQ8R16Rows - first + 1;
   const int32_t run = blocks / 2;
@@ -599,8 +613,10 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* xq, float* y, int
         const float* ws = block_scales[k] + static_cast<size_t>(g) * kQ8R16Rows;
         for (int h = 0; h < 2; ++h) {
           const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
-          acc[k].half[h] = q8r16_scale_step(acc[k].half[h], dot[k][h], w_scale, a.scales[g]);
-          if constexpr (Residual) acc[k].half[h] = q8r16_scale_step(acc[k].half[h], lo[k][h], w_scale, a.residual_scales[g]);
+          if constexpr (Residual)
+            acc[k].half[h] = q8r16_planes_step(acc[k].half[h], dot[k][h], lo[k][h], w_scale, a, g, combined);
+          else
+            acc[k].half[h] = q8r16_scale_step(acc[k].half[h], dot[k][h], w_scale, a.scales[g]);
         }
       }
     }
@@ -1338,6 +1354,44 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
     }
 }
 
+// The scalar path's quantize_residual: cvtps rounds to nearest even as its
+// rounding does, after the same clamp, so the bytes are the same.
+void quantize_residual(const float* r, int32_t n, int32_t group, const float* first_scales, std::int8_t* q,
+                       std::int8_t* q4, float* scales, int32_t* sums) {
+  const int32_t groups = group_count(n, group);
+  const __m256 limit = _mm256_set1_ps(static_cast<float>(kResidualLimit));
+  const __m256 minus_limit = _mm256_set1_ps(-static_cast<float>(kResidualLimit));
+  const __m256i gather = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  for (int32_t g = 0; g < groups; ++g) {
+    const size_t begin = static_cast<size_t>(g) * group;
+    const size_t end = min_size(static_cast<size_t>(n), begin + static_cast<size_t>(group));
+    const float scale = first_scales[g] / static_cast<float>(kResidualRatio);
+    const __m256 inv = _mm256_set1_ps(scale >= FLT_MIN ? 1.0f / scale : 0.0f);
+    __m256i sum = _mm256_setzero_si256();
+    for (size_t c = begin; c < end; c += 8) {
+      const size_t len = min_size(8, end - c);
+      const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(r + c, mask8(len)), inv);
+      const __m256 held = _mm256_max_ps(_mm256_min_ps(v, limit), minus_limit);
+      const __m256i codes = _mm256_and_si256(_mm256_cvtps_epi32(held),  // NaN: 0
+                                             _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q)));
+      sum = _mm256_add_epi32(sum, codes);
+      const __m256i words = _mm256_packs_epi32(codes, codes);
+      const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words), gather);
+      const std::int64_t packed = _mm_cvtsi128_si64(_mm256_castsi256_si128(bytes));
+      std::memcpy(q + c, &packed, len);
+    }
+    scales[g] = scale;
+    sums[g] = hsum_epi32(sum);
+  }
+  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
+  std::memset(q + n, 0, padded - static_cast<size_t>(n));
+  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128)
+    for (size_t i = 0; i < 64; ++i) {
+      q4[block + i] = q[block + 2 * i];
+      q4[block + 64 + i] = q[block + 2 * i + 1];
+    }
+}
+
 // ---- elementwise and attention kernels --------------------------------------------------
 
 // exp as in kernels_avx512.cpp, with 2^n built in the exponent field; the
@@ -1495,6 +1549,7 @@ void convert_f32_to_f16(const float* x, int32_t n, std::uint16_t* out) {
 constexpr KernelTable kTable{
     .isa = Isa::Avx2,
     .quantize_activation = quantize_activation,
+    .quantize_residual = quantize_residual,
     .matvec = matvec,
     .matmat = matmat,
     .dot = dot,

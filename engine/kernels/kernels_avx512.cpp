@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -429,6 +430,14 @@ inline void dpbusd_registers(__m512i& acc, __m512i w, __m512i x) {
   asm("vpdpbusd %[x], %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "v"(x));
 }
 
+// The two planes' step for groups up to kQ8R16CombinedMaxGroup
+// (kernels_scalar.cpp): their dots added exactly in int32, one scale step.
+inline __m512 q8r16_combined_step(__m512 acc, __m512i dot, __m512i lo, __m512 w_scales, float residual_scale) {
+  static_assert(kResidualRatio == 1 << 7);
+  const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(dot, 7), lo);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), _mm512_mul_ps(w_scales, _mm512_set1_ps(residual_scale)), acc);
+}
+
 // acc[k * NV + v] for S blocks of 16 rows (block k at values[k], its scales
 // at block_scales[k]) and NV vectors with int8 activations. S > 1 reads S
 // blocks side by side: a matrix-vector product then streams S distant parts
@@ -453,6 +462,7 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
   __m512 acc[S * NV];
 #pragma GCC unroll 8
   for (int i = 0; i < S * NV; ++i) acc[i] = _mm512_setzero_ps();
+  const bool combined = group <= static_cast<size_t>(kQ8R16CombinedMaxGroup);
   for (int32_t g = 0; g < groups; ++g) {
     const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
     __m512i dot[S * NV], lo[S * NV];
@@ -510,6 +520,11 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
         __m512& a = acc[k * NV + v];
+        if constexpr (Residual)
+          if (combined) {
+            a = q8r16_combined_step(a, dot[k * NV + v], lo[k * NV + v], w_scales, xs[v]->residual_scales[g]);
+            continue;
+          }
         a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[k * NV + v]), _mm512_mul_ps(w_scales, _mm512_set1_ps(xs[v]->scales[g])),
                             a);
         if constexpr (Residual)
@@ -764,6 +779,7 @@ __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, con
   __m512 acc[NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) acc[v] = carry_in ? acc_io[v] : _mm512_setzero_ps();
+  const bool combined = group <= static_cast<size_t>(kQ8R16CombinedMaxGroup);
   for (int32_t g = 0; g < groups; ++g) {
     const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
     const std::int32_t* starts = pack.starts + g * kPackedSources;
@@ -791,6 +807,11 @@ __attribute__((noinline)) void q8r16_packed_block(const std::int8_t* values, con
     const float* x_scales = pack.scales + g * kPackedSources;
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
+      if constexpr (Residual)
+        if (combined) {
+          acc[v] = q8r16_combined_step(acc[v], dot[v], lo[v], w_scales, x_scales[kQ8R16Vectors + v]);
+          continue;
+        }
       acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[v]), _mm512_mul_ps(w_scales, _mm512_set1_ps(x_scales[v])), acc[v]);
       if constexpr (Residual)
         acc[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[v]),
@@ -1559,6 +1580,24 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
 
 // ---- activation quantization ----------------------------------------------------
 
+// Zeros q from n to a multiple of 128 and writes q4, q's complete 128-column
+// blocks in the Q4 kernels' order.
+void pad_and_rearrange(std::int8_t* q, std::int8_t* q4, int32_t n) {
+  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
+  for (size_t c = static_cast<size_t>(n); c < padded; c += 64)
+    _mm512_mask_storeu_epi8(q + c, mask64(padded - c), _mm512_setzero_si512());
+  // Even bytes are the low halves of 16-bit lanes, odd bytes the high halves.
+  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128) {
+    const __m512i a = _mm512_loadu_si512(q + block), b = _mm512_loadu_si512(q + block + 64);
+    const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)),
+                                            _mm512_cvtepi16_epi8(b), 1);
+    const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 8))),
+                                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 8)), 1);
+    _mm512_storeu_si512(q4 + block, even);
+    _mm512_storeu_si512(q4 + block + 64, odd);
+  }
+}
+
 void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
                          float* scales, int32_t* sums, float* residual) {
   const int32_t groups = group_count(n, group);
@@ -1591,19 +1630,35 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
     scales[g] = scale;
     sums[g] = _mm512_reduce_add_epi32(sum);
   }
-  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
-  for (size_t c = static_cast<size_t>(n); c < padded; c += 64)
-    _mm512_mask_storeu_epi8(q + c, mask64(padded - c), _mm512_setzero_si512());
-  // Even bytes are the low halves of 16-bit lanes, odd bytes the high halves.
-  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128) {
-    const __m512i a = _mm512_loadu_si512(q + block), b = _mm512_loadu_si512(q + block + 64);
-    const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)),
-                                            _mm512_cvtepi16_epi8(b), 1);
-    const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 8))),
-                                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 8)), 1);
-    _mm512_storeu_si512(q4 + block, even);
-    _mm512_storeu_si512(q4 + block + 64, odd);
+  pad_and_rearrange(q, q4, n);
+}
+
+// The scalar path's quantize_residual: cvtps rounds to nearest even as its
+// rounding does, after the same clamp, so the bytes are the same.
+void quantize_residual(const float* r, int32_t n, int32_t group, const float* first_scales, std::int8_t* q,
+                       std::int8_t* q4, float* scales, int32_t* sums) {
+  const int32_t groups = group_count(n, group);
+  const __m512 limit = _mm512_set1_ps(static_cast<float>(kResidualLimit));
+  const __m512 minus_limit = _mm512_set1_ps(-static_cast<float>(kResidualLimit));
+  for (int32_t g = 0; g < groups; ++g) {
+    const size_t begin = static_cast<size_t>(g) * group;
+    const size_t end = min_size(static_cast<size_t>(n), begin + static_cast<size_t>(group));
+    const float scale = first_scales[g] / static_cast<float>(kResidualRatio);
+    const float inverse = scale >= FLT_MIN ? 1.0f / scale : 0.0f;
+    const __m512 inv = _mm512_set1_ps(inverse);
+    __m512i sum = _mm512_setzero_si512();
+    for (size_t c = begin; c < end; c += 16) {
+      const __mmask16 mask = mask16(end - c);
+      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, r + c), inv);
+      const __m512 held = _mm512_max_ps(_mm512_min_ps(v, limit), minus_limit);
+      const __m512i codes = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), held);  // NaN: 0
+      sum = _mm512_add_epi32(sum, codes);
+      _mm_mask_storeu_epi8(q + c, mask, _mm512_cvtepi32_epi8(codes));
+    }
+    scales[g] = scale;
+    sums[g] = _mm512_reduce_add_epi32(sum);
   }
+  pad_and_rearrange(q, q4, n);
 }
 
 // ---- elementwise and attention kernels ------------------------------------------
@@ -1773,6 +1828,7 @@ void convert_f32_to_f16(const float* x, int32_t n, std::uint16_t* out) {
 constexpr KernelTable kTable{
     .isa = Isa::Avx512,
     .quantize_activation = quantize_activation,
+    .quantize_residual = quantize_residual,
     .matvec = matvec,
     .matmat = matmat,
     .dot = dot,

@@ -310,6 +310,21 @@ void q8r16_scale_step(float32x4_t (&acc)[4], const int32x4_t (&dot)[4], const fl
   for (int i = 0; i < 4; ++i) acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(dot[i]), vmulq_f32(w_scales[i], xs));
 }
 
+// Both planes' steps (kernels_scalar.cpp): for groups up to
+// kQ8R16CombinedMaxGroup the dots added exactly in int32 and one step.
+void q8r16_planes_step(float32x4_t (&acc)[4], const int32x4_t (&dot)[4], const int32x4_t (&lo)[4],
+                       const float32x4_t (&w_scales)[4], const ActivationView& a, int32_t g, bool combined) {
+  static_assert(kResidualRatio == 1 << 7);
+  if (!combined) {
+    q8r16_scale_step(acc, dot, w_scales, a.scales[g]);
+    q8r16_scale_step(acc, lo, w_scales, a.residual_scales[g]);
+    return;
+  }
+  int32x4_t both[4];
+  for (int i = 0; i < 4; ++i) both[i] = vaddq_s32(vshlq_n_s32(dot[i], 7), lo[i]);
+  q8r16_scale_step(acc, both, w_scales, a.residual_scales[g]);
+}
+
 // Column J's byte of each row (4 rows' 4 bytes per register), sign-extended.
 template <int J>
 float32x4_t q8r16_column(int32x4_t rows4) {
@@ -384,8 +399,10 @@ void q8r16_int8_matvec(const Matrix& w, const ActivationView& xq, float* y, int3
       q8r16_dots<Residual, 1>(block, k0, k1, q, residual_q, dot, lo);
       float32x4_t w_scales[4];
       for (int i = 0; i < 4; ++i) w_scales[i] = vld1q_f32(block_scales + static_cast<size_t>(g) * kQ8R16Rows + 4 * i);
-      q8r16_scale_step(acc, dot[0], w_scales, xq.scales[g]);
-      if constexpr (Residual) q8r16_scale_step(acc, lo[0], w_scales, xq.residual_scales[g]);
+      if constexpr (Residual)
+        q8r16_planes_step(acc, dot[0], lo[0], w_scales, xq, g, w.group <= kQ8R16CombinedMaxGroup);
+      else
+        q8r16_scale_step(acc, dot[0], w_scales, xq.scales[g]);
     }
     q8r16_store(acc, y, b * kQ8R16Rows, row_begin, row_end);
   }
@@ -807,8 +824,10 @@ void q8r16_int8_matmat(const Matrix& w, int32_t n, const ActivationView* const* 
         float* sums = acc[t0 + v];
         float32x4_t s[4];
         for (int i = 0; i < 4; ++i) s[i] = vld1q_f32(sums + 4 * i);
-        q8r16_scale_step(s, dot[v], w_scales, a.scales[g]);
-        if constexpr (Residual) q8r16_scale_step(s, lo[v], w_scales, a.residual_scales[g]);
+        if constexpr (Residual)
+          q8r16_planes_step(s, dot[v], lo[v], w_scales, a, g, w.group <= kQ8R16CombinedMaxGroup);
+        else
+          q8r16_scale_step(s, dot[v], w_scales, a.scales[g]);
         for (int i = 0; i < 4; ++i) vst1q_f32(sums + 4 * i, s[i]);
       }
     });
@@ -1028,6 +1047,11 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
                          float* scales, int32_t* sums, float* residual) {
   scalar_kernel_table()->quantize_activation(x, n, group, q, q4, scales, sums, residual);
 }
+
+void quantize_residual(const float* r, int32_t n, int32_t group, const float* first_scales, std::int8_t* q,
+                       std::int8_t* q4, float* scales, int32_t* sums) {
+  scalar_kernel_table()->quantize_residual(r, n, group, first_scales, q, q4, scales, sums);
+}
 void rmsnorm(const float* x, const float* weight, int32_t n, float eps, float* out) {
   scalar_kernel_table()->rmsnorm(x, weight, n, eps, out);
 }
@@ -1039,6 +1063,7 @@ void swiglu(const float* gate, const float* up, int32_t n, float* out) {
 constexpr KernelTable kTable{
     .isa = Isa::Neon,
     .quantize_activation = quantize_activation,
+    .quantize_residual = quantize_residual,
     .matvec = matvec,
     .matmat = matmat,
     .dot = dot,

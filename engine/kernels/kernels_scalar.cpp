@@ -6,6 +6,7 @@
 // scaled by weight scale x activation scale.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -59,13 +60,50 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std
     }
 }
 
+// |r| is at most half the first plane's step, so only rounding reaches the
+// limit. A fixed ratio lets the Q8R16 kernels add the planes' dots in int32.
+void quantize_residual(const float* r, std::int32_t n, std::int32_t group, const float* first_scales,
+                       std::int8_t* q, std::int8_t* q4, float* scales, std::int32_t* sums) {
+  const std::int32_t groups = (n + group - 1) / group;
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const std::int32_t begin = g * group, end = std::min(n, begin + group);
+    const float scale = first_scales[g] / static_cast<float>(kResidualRatio);
+    const float inverse = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
+    constexpr auto kLimit = static_cast<float>(kResidualLimit);
+    // Adding and taking away 1.5 x 2^23 rounds |v| < 2^22 to nearest even,
+    // as nearbyint does, without a library call per value.
+    constexpr float kRound = 12582912.0f;
+    std::int32_t sum = 0;
+    for (std::int32_t c = begin; c < end; ++c) {
+      float v = r[c] * inverse;
+      v = v == v ? std::clamp(v, -kLimit, kLimit) : 0.0f;  // NaN: 0
+      const auto value = static_cast<std::int32_t>((v + kRound) - kRound);
+      q[c] = static_cast<std::int8_t>(value);
+      sum += value;
+    }
+    scales[g] = scale;
+    sums[g] = sum;
+  }
+  const std::int32_t padded = (n + 127) / 128 * 128;
+  std::fill(q + n, q + padded, std::int8_t{0});
+  for (std::int32_t block = 0; block + 128 <= n; block += 128)
+    for (std::int32_t i = 0; i < 64; ++i) {
+      q4[block + i] = q[block + 2 * i];
+      q4[block + 64 + i] = q[block + 2 * i + 1];
+    }
+}
+
 // ---- Q8R16 -----------------------------------------------------------------------
 //
 // Every path computes Q8R16 products exactly as these functions do, bit for
 // bit, so results depend neither on the path nor on batching. Per row, groups
 // in order: with int8 activations, the group's exact int32 dot d, then
 // acc = fma(float(d), w_scale * x_scale, acc), and the residual plane's term
-// the same way right after; with f32 activations, the group's partial sum
+// the same way right after; with the residual plane and groups up to
+// kQ8R16CombinedMaxGroup, one step for both planes instead:
+// acc = fma(float(kResidualRatio * d + lo), w_scale * residual_scale, acc), the
+// planes' dots added exactly in int32 (the residual scale is the first's
+// divided by kResidualRatio); with f32 activations, the group's partial sum
 // p = fma(float(w), x, p) over its columns in order, then
 // acc = fma(p, w_scale, acc). Vector paths hold 16 rows in 16 lanes and run
 // the same operations lane-wise. std::fma, not a*b+c: one rounding is part of
@@ -110,6 +148,10 @@ float q8r16_row_int8(const Matrix& w, std::int32_t r, const ActivationView& xq) 
     std::int32_t dot, lo;
     group_dots(xq, begin, end, [&](std::size_t c) { return q8r16_value(row, c); }, dot, lo);
     const float w_scale = row.scales[static_cast<std::size_t>(g) * kQ8R16Rows];
+    if (xq.residual_q != nullptr && w.group <= kQ8R16CombinedMaxGroup) {
+      acc = std::fma(static_cast<float>(kResidualRatio * dot + lo), w_scale * xq.residual_scales[g], acc);
+      continue;
+    }
     acc = std::fma(static_cast<float>(dot), w_scale * xq.scales[g], acc);
     if (xq.residual_q != nullptr) acc = std::fma(static_cast<float>(lo), w_scale * xq.residual_scales[g], acc);
   }
@@ -499,6 +541,7 @@ void convert_f32_to_f16(const float* x, std::int32_t n, std::uint16_t* out) {
 constexpr KernelTable kTable{
     .isa = Isa::Scalar,
     .quantize_activation = quantize_activation,
+    .quantize_residual = quantize_residual,
     .matvec = matvec,
     .matmat = matmat,
     .dot = dot,

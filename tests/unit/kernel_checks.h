@@ -151,7 +151,8 @@ struct Shape {
 };
 inline Shape random_shape(WeightFormat format, std::mt19937& rng, std::int32_t max_rows) {
   static constexpr std::int32_t kCols[] = {1, 7, 16, 31, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 300, 384, 520};
-  static constexpr std::int32_t kGroups[] = {32, 64, 32, 64, 128, 256, 0, 3, 17, 40, 96};
+  // 1100: above kQ8R16CombinedMaxGroup, where Q8R16 keeps a step per plane.
+  static constexpr std::int32_t kGroups[] = {32, 64, 32, 64, 128, 256, 0, 3, 17, 40, 96, 1100};
   Shape s{};
   s.cols = kCols[std::uniform_int_distribution<std::size_t>(0, std::size(kCols) - 1)(rng)];
   s.rows = std::uniform_int_distribution<std::int32_t>(1, max_rows)(rng);

@@ -228,8 +228,12 @@ TEST_P(KernelPaths, ActivationQuantizationIsIdenticalToTheScalarPath) {
       EXPECT_TRUE(std::equal(got.q4.begin(), got.q4.begin() + static_cast<std::ptrdiff_t>(blocks), want.q4.begin()));
       EXPECT_TRUE(std::equal(got.residual_q4.begin(), got.residual_q4.begin() + static_cast<std::ptrdiff_t>(blocks),
                              want.residual_q4.begin()));
-      // The residual plane quantizes what the first missed, at most 1/254 of its step.
-      for (std::size_t g = 0; g < got.scales.size(); ++g) ASSERT_LE(got.residual_scales[g], got.scales[g] / 254.0f * 1.0001f);
+      // The residual plane quantizes what the first missed, at exactly
+      // 1/kResidualRatio of its step (the Q8R16 kernels add the planes'
+      // dots in int32), its codes within [-kResidualLimit, kResidualLimit].
+      for (std::size_t g = 0; g < got.scales.size(); ++g)
+        ASSERT_EQ(got.residual_scales[g], got.scales[g] / static_cast<float>(kResidualRatio));
+      for (std::int32_t c = 0; c < n; ++c) ASSERT_LE(std::abs(got.residual_q[static_cast<std::size_t>(c)]), kResidualLimit);
       // The definition: round(x * 127 / max|x|) per group, padding zero.
       for (std::int32_t c = 0; c < n; ++c) {
         const float amax = [&] {
