@@ -47,14 +47,14 @@ struct KernelTable {
   Isa isa = Isa::Scalar;
   // Writes q (natural order, padded with zeros to a multiple of 128), q4 (see
   // ActivationQ8), scales and sums. Every path must produce identical bytes.
-  // With `residual` non-null, x is replaced by what the plane missed,
-  // x - scales * q (a multiply, then a subtract: no fused rounding), so a
-  // second call with the residual's buffers quantizes that.
+  // With `residual` non-null, it gets what the plane missed, x - scales * q
+  // (a multiply, then a subtract: no fused rounding), for quantize_residual.
   void (*quantize_activation)(const float* x, std::int32_t n, std::int32_t group, std::int8_t* q,
                               std::int8_t* q4, float* scales, std::int32_t* sums, float* residual);
   // The residual plane of r (what quantize_activation's first plane missed):
-  // codes of r / (first_scales[g] / kResidualRatio), rounded to nearest even
-  // and held to [-kResidualLimit, kResidualLimit] (NaN gives 0), with
+  // scale = first_scales[g] / kResidualRatio, codes r * inverse with inverse
+  // = 1 / scale (0 when scale < FLT_MIN), held to [-kResidualLimit,
+  // kResidualLimit], then rounded to nearest even (NaN gives 0), with
   // quantize_activation's padding and q4 order. Every path must produce
   // identical bytes.
   void (*quantize_residual)(const float* r, std::int32_t n, std::int32_t group, const float* first_scales,

@@ -877,7 +877,9 @@ void q8r16_packed_matmat(const Matrix& w, int32_t n, const ActivationView* const
             // Nothing fetched the range's first panel ahead: its first tile
             // streams it from DRAM, and with one plane the 4 KB L1 lead left
             // it waiting on memory (cold expert gate n = 16: 168-173 GMAC/s
-            // against 191 hot); asking 16 KB ahead into L2 as well gives 182-185.
+            // against 191 hot); asking 16 KB ahead into L2 as well gives
+            // 182-185. Every panel of a single tile (n <= 8) asking so too
+            // gave nothing (n = 8: 105-139 against 140-142).
             const bool stream_ahead = p0 == first && tile == 0;
             q8r16_packed_block<Residual, NV>(at.values_of(b) + c0 * kQ8R16Rows,
                                              at.scales_of(b) + static_cast<size_t>(g0) * kQ8R16Rows, slice_cols, group,

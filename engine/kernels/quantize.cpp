@@ -69,14 +69,16 @@ void quantize_q8r16(std::int32_t rows, std::int32_t cols, std::int32_t group, co
 }
 
 // Smallest and largest of row[begin, end) (begin < end): a Q4 group's min
-// and, with the min, its step.
+// and, with the min, its step. NaN weights are left out (they store code 0);
+// a group of nothing else has the range [0, 0].
 std::pair<float, float> value_range(const float* row, std::int32_t begin, std::int32_t end) {
-  float lo = row[begin], hi = row[begin];
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
   for (std::int32_t c = begin; c < end; ++c) {
+    if (std::isnan(row[c])) continue;
     lo = std::min(lo, row[c]);
     hi = std::max(hi, row[c]);
   }
-  return {lo, hi};
+  return lo <= hi ? std::pair{lo, hi} : std::pair{0.0f, 0.0f};
 }
 
 // A Q4 group's (scale, min) by least squares: round-to-nearest over the
@@ -107,6 +109,9 @@ Q4Fit fit_q4_group(const float* x, std::int32_t n, float lo, float hi) {
     sum_x += x[i];
     sum_x2 += static_cast<double>(x[i]) * x[i];
   }
+  // A NaN weight would make every candidate's error NaN (and its code an
+  // undefined conversion): keep the plain step over the other values.
+  if (std::isnan(sum_x)) return best;
   const double count = n;
   // sum((scale * l + min - x)^2) expanded over the sums; cancellation can
   // take an exact fit a hair below zero, which must not beat another exact one.

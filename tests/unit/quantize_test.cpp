@@ -186,6 +186,24 @@ TEST(Quantize, TinyGroupsAndNanWeightsStoreZeroCodesNotSignFlips) {
   dequantize_row(q.m, 0, row.data());
   EXPECT_EQ(row[1], 0.0f);
   for (std::size_t c : {0u, 2u, 3u, 5u, 6u, 7u}) EXPECT_NEAR(row[c], with_nan[c], 0.005f) << c;
+  // 4-bit: a NaN first in its group left the range NaN, so the whole group
+  // dequantized to NaN; now the others keep their values, the NaN its code 0.
+  std::vector<float> nan_first = with_nan;
+  std::swap(nan_first[0], nan_first[1]);
+  for (WeightFormat format : {WeightFormat::Q4, WeightFormat::Q4R16}) {
+    const std::int32_t rows = format == WeightFormat::Q4R16 ? 16 : 1;
+    std::vector<float> values;
+    for (std::int32_t r = 0; r < rows; ++r) values.insert(values.end(), nan_first.begin(), nan_first.end());
+    const Quantized q4 = quantize(format, rows, 8, 8, values);
+    dequantize_row(q4.m, 0, row.data());
+    SCOPED_TRACE(testing::Message() << "format " << static_cast<int>(format));
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      EXPECT_FALSE(std::isnan(row[c])) << c;
+      if (!std::isnan(nan_first[c])) {
+        EXPECT_NEAR(row[c], nan_first[c], 0.15f) << c;
+      }
+    }
+  }
 }
 
 }  // namespace
