@@ -30,7 +30,7 @@
 #include "runtime/session.h"
 #include "runtime/thread_team.h"
 #include "kv_cache_flag.h"
-#include "prefill_activations_flag.h"
+#include "activations_flags.h"
 #include "routing_flags.h"
 #include "text_file_tokens.h"
 #include "store_flags.h"
@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
   std::string step_times_path;
   std::int32_t prefill_batch = colibri::Session::kDefaultPrefillBatch;
   colibri_tools::PrefillActivationsFlag prefill_activations;
-  std::string decode_activations = "same";
+  colibri_tools::DecodeActivationsFlag decode_activations;
   app.add_option("-m,--model", model_path, ".colibri file, GGUF file or Hugging Face directory")->required();
   app.add_option("-t,--threads", threads, "Threads in the team, the calling thread included")
       ->capture_default_str()
@@ -314,12 +314,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   prefill_activations.add(app);
-  app.add_option("--decode-activations", decode_activations,
-                 "Activation modes of decode: 'same' (the default: int8 + residual plane), 'int8-ffn' (one "
-                 "int8 plane for the FFN gate and up products) or 'int8-ffn-out' (and the attention output); "
-                 "the server's decode_activations")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"same", "int8-ffn", "int8-ffn-out"}));
+  decode_activations.add(app);
   app.add_flag("--json", json, "Print one JSON document instead of the table");
   app.add_option("--step-times", step_times_path,
                  "Also write every timed decode step to this file, one line each: request, step, "
@@ -418,7 +413,7 @@ int main(int argc, char** argv) {
     decode_store.prefetch_wasted += b.prefetch_wasted - a.prefetch_wasted;
   };
   std::int64_t decode_steps_timed = 0;
-  if (const auto modes = colibri::activation_preset(decode_activations)) session.set_activation_modes(*modes);
+  decode_activations.apply(session);
   prefill_activations.apply(session);
 
   RouterTimer router_timer;
@@ -868,7 +863,7 @@ int main(int argc, char** argv) {
       {"temperature", temperature},
       {"prefill_batch", prefill_batch},
       {"prefill_activations", prefill_activations.name},
-      {"decode_activations", decode_activations},
+      {"decode_activations", decode_activations.name},
       {"requests", requests},
       {"warmup", warmup},
       {"prefill_tokens_per_s", median(prefill_rates)},
@@ -978,7 +973,7 @@ int main(int argc, char** argv) {
                               prefill_batch, prefill_activations.name));
   line("prefill per team CPU", fmt::format("{:.1f} tokens/s ({} x the CPU seconds received; the rate with the cores "
                                            "to itself)", median(prefill_cpu_rates), threads));
-  line("decode", fmt::format("{:.2f} tokens/s (activations {})", decode_rate, decode_activations));
+  line("decode", fmt::format("{:.2f} tokens/s (activations {})", decode_rate, decode_activations.name));
   line("time to first token", fmt::format("{:.1f} ms", median(ttfts)));
   line("decode latency", fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}) over all {} timed steps",
                                      pooled_p50, pooled_p95, pooled_p99, pooled_p99 / std::max(pooled_p50, 1e-12),

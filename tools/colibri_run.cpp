@@ -15,7 +15,7 @@
 #include "runtime/generator.h"
 #include "runtime/session.h"
 #include "kv_cache_flag.h"
-#include "prefill_activations_flag.h"
+#include "activations_flags.h"
 #include "store_flags.h"
 #include "weights_flags.h"
 #include "json_text.h"
@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "Print only the generated text");
   colibri_tools::PrefillActivationsFlag prefill_activations;
   prefill_activations.add(app);
+  colibri_tools::DecodeActivationsFlag decode_activations;
+  decode_activations.add(app);
   colibri_tools::StoreFlags store_flags;
   store_flags.add(app);
   colibri_tools::WeightsFlags weights_flags;
@@ -189,6 +191,7 @@ int main(int argc, char** argv) {
   colibri::Session session(*model, context, nullptr, colibri::Session::kDefaultPrefillBatch, store->get(),
                            kv_cache_flag.type());
   prefill_activations.apply(session);
+  decode_activations.apply(session);
   // Checked before the run, which may be long: it was found unwritable only
   // after it, and the logits were lost.
   if (!logits_out.empty() && !std::ofstream(logits_out, std::ios::app)) {

@@ -90,3 +90,34 @@ set +e
 status=$?
 set -e
 [[ $status -ne 0 && ! -s $work/out.txt ]] || { echo "FAIL --logits-out unwritable: exit $status, printed $(cat "$work/out.txt")"; exit 1; }
+
+# --decode-activations (the server's decode_activations) sets the generated
+# tokens' modes: on an int8 file the tensors of generated positions move with
+# it, the prompt's (prefill modes either way) do not. A bad value is refused.
+"$build_dir/tools/colibri-convert" --input "$data_dir/fixtures/olmoe-tiny" --output "$work/olmoe-int8.colibri" \
+  --quant int8 > /dev/null 2>&1 || { echo "FAIL converting olmoe-tiny to int8"; exit 1; }
+for mode in same int8-ffn; do
+  "$run" --model "$work/olmoe-int8.colibri" --prompt "The" --max-tokens 3 --ignore-eos --quiet \
+    --decode-activations "$mode" --dump-tensors "$work/tensors-$mode.jsonl" > /dev/null 2> "$work/err.txt" \
+    || { echo "FAIL --decode-activations $mode: exit $?"; cat "$work/err.txt"; exit 1; }
+done
+python3 - "$work/tensors-same.jsonl" "$work/tensors-int8-ffn.jsonl" <<'PY' || exit 1
+import json, sys
+def load(path):
+    return {(r["name"], r["layer"], r["pos"]): r["values"] for r in map(json.loads, open(path))}
+same, ffn = load(sys.argv[1]), load(sys.argv[2])
+prompt = {k for k in same if k[2] < 2}
+generated = {k for k in same if k[2] >= 2}
+moved_prompt = [k for k in prompt if same[k] != ffn[k]]
+moved_generated = [k for k in generated if same[k] != ffn[k]]
+if moved_prompt:
+    sys.exit(f"FAIL --decode-activations moved prompt tensors: {moved_prompt[:3]}")
+if ("ffn_out", 0, 2) not in moved_generated:
+    sys.exit("FAIL --decode-activations int8-ffn left the generated tokens' FFN output unchanged")
+print(f"--decode-activations: {len(moved_generated)} of {len(generated)} generated-position tensors moved")
+PY
+set +e
+"$run" --model "$work/olmoe-int8.colibri" --prompt hi --max-tokens 2 --decode-activations bogus > /dev/null 2> "$work/err.txt"
+status=$?
+set -e
+[[ $status -ne 0 ]] && grep -q "decode-activations" "$work/err.txt" || { echo "FAIL --decode-activations bogus: exit $status"; exit 1; }

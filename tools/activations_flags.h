@@ -1,6 +1,7 @@
-// --prefill-activations, shared by the tools that run a session: how a
-// prompt's tokens are multiplied (Session::set_prefill_activation_modes; the
-// server's prefill_activations).
+// --prefill-activations and --decode-activations, shared by the tools that
+// run a session: how a prompt's and a generated token's products are
+// multiplied (Session::set_prefill_activation_modes and set_activation_modes;
+// the server's prefill_activations and decode_activations).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -30,6 +31,25 @@ struct PrefillActivationsFlag {
   // 'same': prefill in the session's own (decode) modes, whichever they are.
   void apply(colibri::Session& session) const {
     session.set_prefill_activation_modes(colibri::activation_preset(name));
+  }
+};
+
+struct DecodeActivationsFlag {
+  std::string name = "same";
+
+  void add(CLI::App& app) {
+    app.add_option("--decode-activations", name,
+                   "How generated tokens are multiplied (8-bit weights): 'same' (the default: an int8 activation "
+                   "plane with a residual plane, outputs equal to the server's defaults), 'int8-ffn' (one plane "
+                   "for the FFN gate and up products) or 'int8-ffn-out' (and the attention output): faster "
+                   "only where decode is arithmetic-bound (many sessions at once; a lone stream reads the same "
+                   "bytes), fidelity within the int8 bounds. The server's decode_activations.")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"same", "int8-ffn", "int8-ffn-out"}));
+  }
+
+  void apply(colibri::Session& session) const {
+    if (const auto modes = colibri::activation_preset(name)) session.set_activation_modes(*modes);
   }
 };
 
