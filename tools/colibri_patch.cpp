@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
       "The donor must store that block in the same layout (formats, shapes, group sizes, size),\n"
       "which holds when both were converted from the same architecture with the same\n"
       "quantization. The donor's block must pass its checksum. A complete new file is written\n"
-      "beside the output (OUTPUT.tmp-PID), synced, and renamed over it, so a process that has\n"
+      "beside the output (OUTPUT.tmp-PID-RANDOM), synced, and renamed over it, so a process that has\n"
       "the old file mapped keeps reading the old blocks.\n\n"
       "Examples:\n"
       "  colibri-patch --target model.colibri --from finetuned.colibri --layer 3 --expert 17\n"

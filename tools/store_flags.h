@@ -106,6 +106,9 @@ struct StoreFlags {
   // Every flag parsed; the budget from --expert-cache-mb.
   colibri::Result<colibri::ExpertStoreOptions> store_options() const {
     colibri::ExpertStoreOptions options;
+    // Finite and bounded before the conversion (NaN or 1e30 would be undefined).
+    if (!(cache_mb >= 0.0 && cache_mb <= 1099511627776.0))
+      return colibri::make_error("--expert-cache-mb {} is not a size in MiB between 0 and 2^40", cache_mb);
     options.budget_bytes = static_cast<std::uint64_t>(cache_mb * 1048576.0);
     auto p = colibri::parse_policy(policy);
     if (!p) return p.error();

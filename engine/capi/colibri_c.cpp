@@ -37,8 +37,11 @@ struct colibri_model {
   std::shared_ptr<const colibri::Model> model;
   // With colibri_model_enable_expert_cache: the store every inference reads experts
   // through. Its bookkeeping is single-threaded, so inferences on this model
-  // hold store_mutex for their whole run (per call, not per token).
-  std::unique_ptr<colibri::ExpertStore> store;
+  // hold store_mutex for their whole run (per call, not per token). Read
+  // once per call (current_store) and shared: a store replaced by a second
+  // enable lives on until the calls that took it return (it was freed under a
+  // colibri_model_info or an inference that had checked it unlocked).
+  std::atomic<std::shared_ptr<colibri::ExpertStore>> store;
   mutable std::mutex store_mutex;  // colibri_inference takes a const model
   std::string arch;
   std::string arch_name;
@@ -297,8 +300,12 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
   }
 
   std::unique_lock<std::mutex> store_lock;
-  if (model->store) store_lock = std::unique_lock<std::mutex>(model->store_mutex);
-  Session session(model->model, params.n_ctx, nullptr, Session::kDefaultPrefillBatch, model->store.get());
+  std::shared_ptr<colibri::ExpertStore> store;
+  if (model->store.load() != nullptr) {
+    store_lock = std::unique_lock<std::mutex>(model->store_mutex);
+    store = model->store.load();  // under the lock: the store this call drives alone
+  }
+  Session session(model->model, params.n_ctx, nullptr, Session::kDefaultPrefillBatch, store.get());
   if (params.exact_prompt != 0) session.set_prefill_activation_modes(std::nullopt);
   const std::size_t room = static_cast<std::size_t>(session.max_context());
   if (prompt.size() > room)
@@ -523,8 +530,8 @@ COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* mode
                   "colibri-convert");
     auto opened = colibri::ExpertStore::open(model->model, std::move(store));
     if (!opened) return fail(fn, COLIBRI_ERR_LOAD, opened.error().message);
-    std::lock_guard lock(model->store_mutex);  // no inference may be running; cheap insurance
-    model->store = std::move(*opened);
+    std::lock_guard lock(model->store_mutex);  // waits for the inferences driving the old store
+    model->store.store(std::shared_ptr<colibri::ExpertStore>(std::move(*opened)));
     return COLIBRI_OK;
   });
 }
@@ -568,9 +575,9 @@ COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibr
     stats.bos_token_id = bos.value_or(-1);
     stats.eos_token_id = eos.value_or(-1);
     stats.weight_bytes = static_cast<uint64_t>(m.weight_bytes());
-    if (model->store) {
-      const colibri::ExpertStoreTotals t = model->store->totals();  // relaxed atomics: any thread
-      stats.expert_cache_bytes = model->store->slot_count() * model->store->slot_bytes();
+    if (const auto store = model->store.load()) {
+      const colibri::ExpertStoreTotals t = store->totals();  // relaxed atomics: any thread
+      stats.expert_cache_bytes = store->slot_count() * store->slot_bytes();
       stats.expert_cache_hits = t.hits;
       stats.expert_cache_misses = t.misses;
       stats.expert_cache_bytes_read = t.bytes_read;
@@ -796,12 +803,13 @@ COLIBRI_API colibri_status colibri_model_set_cache_policy(colibri_model* model, 
   constexpr const char* fn = "colibri_model_set_cache_policy";
   return guarded(fn, [&]() -> colibri_status {
     if (auto s = check_cache_policy(fn, model, "model", policy); s != COLIBRI_OK) return s;
-    if (!model->store)
+    const auto store = model->store.load();
+    if (!store)
       return fail(fn, COLIBRI_ERR_UNSUPPORTED,
                   "the model has no expert store (colibri_model_enable_expert_cache: every expert is resident), "
                   "so there is no cache to apply the policy to; nothing was changed");
     // An atomic the store reads at its next eviction: safe while inferences run.
-    model->store->set_policy(policy == COLIBRI_CACHE_LFU    ? colibri::EvictionPolicy::LFU
+    store->set_policy(policy == COLIBRI_CACHE_LFU    ? colibri::EvictionPolicy::LFU
                              : policy == COLIBRI_CACHE_FIFO ? colibri::EvictionPolicy::FIFO
                                                             : colibri::EvictionPolicy::LRU);
     return COLIBRI_OK;

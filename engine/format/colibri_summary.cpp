@@ -105,7 +105,10 @@ ColibriSummary summarize_colibri(const ColibriImage& image, std::string_view sou
   if (s.config) {
     layers = static_cast<std::uint32_t>(s.config->n_layers);
   } else {
-    for (const auto& e : image.experts) layers = std::max(layers, e.layer + 1);
+    // Bounded by the index: a layer number near 2^32 in an expert entry made
+    // this walk (and the router lookups below) take billions of steps.
+    for (const auto& e : image.experts)
+      if (e.layer < image.tensors.size() + image.experts.size()) layers = std::max(layers, e.layer + 1);
   }
   s.embedding = brief(image, names.embed);
   s.lm_head = brief(image, names.lm_head);

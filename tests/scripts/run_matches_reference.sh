@@ -73,7 +73,7 @@ done
 
 # The expert-store flags: a bad value, or one given without a budget, is an
 # error (they were accepted and did nothing).
-for args in "--cache-policy bogus" "--pinned-experts x" "--expert-cache-mb -5" "--pinned-experts 0:1" "--prefetch on"; do
+for args in "--cache-policy bogus" "--pinned-experts x" "--expert-cache-mb -5" "--expert-cache-mb nan" "--pinned-experts 0:1" "--prefetch on"; do
   set +e
   # shellcheck disable=SC2086
   "$run" --model "$data_dir/fixtures/qwen3moe-tiny" --prompt hi $args --max-tokens 2 > /dev/null 2> "$work/err.txt"

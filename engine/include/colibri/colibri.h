@@ -247,8 +247,9 @@ COLIBRI_API colibri_expert_cache_options colibri_expert_cache_options_default(vo
  * experts through it, at most budget_mb MiB resident, with exactly the same
  * results. The store is single-threaded, so inferences on this model then
  * run one at a time (concurrent colibri_inference calls wait for each other).
- * Replaces an earlier store. Like colibri_unload_model, it must not run
- * concurrently with another call using the model.
+ * Replaces an earlier store, after the inferences driving it return; calls
+ * already running keep the store they started with, so it may run beside
+ * other calls on the model (not beside colibri_unload_model).
  * Errors: NULL_POINTER, INVALID_ARGUMENT (struct_size, a value outside its
  * enum, budget_mb 0 or too large, malformed pinned_experts), UNSUPPORTED (not
  * a .colibri model), LOAD (budget too small, pinned expert out of range, a
