@@ -75,7 +75,33 @@ std::string literal_system_turn(std::string_view tmpl) {
   return {};
 }
 
+std::string_view strip_newlines(std::string_view text, bool front, bool back) {
+  while (front && !text.empty() && text.front() == '\n') text.remove_prefix(1);
+  while (back && !text.empty() && text.back() == '\n') text.remove_suffix(1);
+  return text;
+}
+
 }  // namespace
+
+// Qwen3's template on an assistant message: the content after the last
+// </think> (leading newlines dropped) and the reasoning before the first one
+// (after its last <think>). Turns before the last user message keep the
+// content only; a later turn, the last or one with reasoning, gets
+// "<think>\n" + reasoning + "\n</think>\n\n" + content.
+std::string ChatTemplate::assistant_turn(std::string_view text, bool after_last_query, bool last) {
+  std::string_view content = text, reasoning;
+  if (const std::size_t end = text.rfind("</think>"); end != std::string_view::npos) {
+    content = strip_newlines(text.substr(end + 8), true, false);
+    std::string_view before = strip_newlines(text.substr(0, text.find("</think>")), false, true);
+    if (const std::size_t open = before.rfind("<think>"); open != std::string_view::npos)
+      before = before.substr(open + 7);
+    reasoning = strip_newlines(before, true, false);
+  }
+  if (after_last_query && (last || !reasoning.empty()))
+    return fmt::format("<think>\n{}\n</think>\n\n{}", strip_newlines(reasoning, true, true),
+                       strip_newlines(content, true, false));
+  return std::string(content);
+}
 
 Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view choice) {
   ChatTemplate t;
@@ -99,10 +125,12 @@ Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view c
     t.im_end_ = *im_end;
     t.end_of_turn_ = {*im_end};
     t.default_system_ = literal_system_turn(text);
+    t.strips_reasoning_ = text.find("</think>") != std::string::npos;
     t.reason_ = std::move(reason);
     if (!t.default_system_.empty())
       t.reason_ += fmt::format("; a conversation without a system message gets the template's \"{}\"",
                                t.default_system_);
+    if (t.strips_reasoning_) t.reason_ += "; earlier assistant turns lose their <think> reasoning, as Qwen3's template does";
     return t;
   };
   auto use_tulu = [&](std::string reason) -> Result<ChatTemplate> {
@@ -192,11 +220,24 @@ Expected<std::vector<std::int32_t>> ChatTemplate::apply_chatml(const std::vector
     pieces.id(im_end_);
     pieces.text("\n");
   }
-  for (const ChatMessage& message : messages) {
+  // The last user message that is not a tool's response wrapped as one.
+  std::size_t last_query = messages.size() - 1;
+  for (std::size_t i = messages.size(); i-- > 0;) {
+    const std::string_view content = messages[i].content;
+    if (messages[i].role == "user" && !(content.starts_with("<tool_response>") && content.ends_with("</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& message = messages[i];
     pieces.id(im_start_);
     pieces.text(message.role);
     pieces.text("\n");
-    pieces.text(message.content);
+    if (strips_reasoning_ && message.role == "assistant")
+      pieces.text(assistant_turn(message.content, i > last_query, i + 1 == messages.size()));
+    else
+      pieces.text(message.content);
     pieces.id(im_end_);
     pieces.text("\n");
   }

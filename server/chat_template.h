@@ -54,6 +54,7 @@ class ChatTemplate {
   Expected<std::vector<std::int32_t>> apply_chatml(const std::vector<ChatMessage>& messages,
                                                    bool add_generation_prompt) const;
   Expected<std::vector<std::int32_t>> apply_mistral(const std::vector<ChatMessage>& messages) const;
+  static std::string assistant_turn(std::string_view text, bool after_last_query, bool last);
   Expected<std::vector<std::int32_t>> apply_tulu(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt) const;
 
@@ -64,6 +65,10 @@ class ChatTemplate {
   // ChatML: the system turn the template adds when the conversation has none
   // (Qwen1.5/Qwen2: "You are a helpful assistant"); empty: none.
   std::string default_system_;
+  // ChatML as Qwen3 renders it: an assistant turn before the last user message
+  // keeps only its text after </think> (the reasoning is dropped from the
+  // history), a later one has its reasoning put back in <think> tags.
+  bool strips_reasoning_ = false;
   std::vector<std::int32_t> end_of_turn_;
 };
 

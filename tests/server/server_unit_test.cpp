@@ -523,6 +523,56 @@ TEST(ChatTemplateChatML, TheTemplatesDefaultSystemMessageIsRendered) {
   EXPECT_EQ(plain->reason().find("gets the template's"), std::string::npos) << plain->reason();
 }
 
+// The assistant-message part of Qwen3-30B-A3B's template, as its
+// tokenizer_config.json has it (the rest is plain ChatML): reasoning is kept
+// only in turns after the last user message.
+constexpr const char* kQwen3Template =
+    R"({%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %})"
+    R"({%- for message in messages %}{%- if message.role == "assistant" %}{%- set content = message.content %})"
+    R"({%- set reasoning_content = '' %}{%- if '</think>' in message.content %})"
+    R"({%- set content = message.content.split('</think>')[-1].lstrip('\n') %})"
+    R"({%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %})"
+    R"({%- endif %}{%- if loop.index0 > ns.last_query_index %}{%- if loop.last or (not loop.last and reasoning_content) %})"
+    R"({{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + )"
+    R"(content.lstrip('\n') }}{%- else %}{{- '<|im_start|>' + message.role + '\n' + content }}{%- endif %}{%- else %})"
+    R"({{- '<|im_start|>' + message.role + '\n' + content }}{%- endif %}{{- '<|im_end|>\n' }}{%- else %})"
+    R"({{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}{%- endif %}{%- endfor %})";
+
+// A Qwen3 client sends the earlier replies back with their <think> blocks;
+// the template drops them from turns before the last user message (the
+// prompt grew by every reasoning otherwise and differed from the reference),
+// and keeps a trailing assistant turn's reasoning in its tags.
+TEST(ChatTemplateChatML, Qwen3DropsEarlierReasoningAsItsTemplateDoes) {
+  auto model = fixture_with_template(kQwen3Template, "colibri-qwen3");
+  ASSERT_NE(model, nullptr);
+  auto chat = ChatTemplate::select(*model, "auto");
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  EXPECT_EQ(chat->format(), ChatFormat::ChatML);
+  EncodeOptions options;
+  options.add_special_tokens = false;
+  options.parse_special = true;
+  auto history = chat->apply({{"user", "Hi"}, {"assistant", "<think>\nsay hello\n</think>\n\nHello!"}, {"user", "Bye"}},
+                             true);
+  ASSERT_TRUE(history.ok());
+  EXPECT_EQ(*history, *model->tokenizer().encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                                                 "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n",
+                                                 options));
+  auto trailing = chat->apply({{"user", "Hi"}, {"assistant", "<think>\n\nplan\n\n</think>\n\nHel"}}, false);
+  ASSERT_TRUE(trailing.ok());
+  EXPECT_EQ(*trailing, *model->tokenizer().encode("<|im_start|>user\nHi<|im_end|>\n"
+                                                  "<|im_start|>assistant\n<think>\nplan\n</think>\n\nHel<|im_end|>\n",
+                                                  options));
+  // Other ChatML templates leave assistant turns as they are.
+  auto plain = ChatTemplate::select(*fixture_with_template(kQwen15Template, "colibri-qwen15-reasoning"), "auto");
+  ASSERT_TRUE(plain.ok());
+  auto kept = plain->apply({{"system", "S"}, {"user", "Hi"}, {"assistant", "<think>x</think>A"}, {"user", "B"}}, false);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(*kept, *model->tokenizer().encode("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                              "<|im_start|>assistant\n<think>x</think>A<|im_end|>\n"
+                                              "<|im_start|>user\nB<|im_end|>\n",
+                                              options));
+}
+
 TEST(ChatTemplateTulu, RecognisedAndRenderedAsHuggingFaceDoes) {
   auto model = fixture_with_template(kTuluTemplate, "colibri-tulu");
   ASSERT_NE(model, nullptr);
