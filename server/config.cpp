@@ -249,7 +249,9 @@ const std::array kOptions = {
                "mapped for the store and only the other tensors are copied.",
                Reload::Hot},
     OptionSpec{"lock_memory", &C::lock_memory, 0, 0, "",
-               "mlock the model's weights so they are never paged out. A refusal (RLIMIT_MEMLOCK) does "
+               "mlock the model's weights so they are never paged out (with an expert budget and "
+               "model_memory auto, the copied non-expert tensors: the experts stay pageable for the "
+               "store). A refusal (RLIMIT_MEMLOCK) does "
                "not stop the server: it is logged with the limit and how to raise it "
                "(LimitMEMLOCK=infinity in the unit), and colibri_model_lock_failed is 1.",
                Reload::Hot},

@@ -159,7 +159,16 @@ class ColibriLoader {
       model->expert_blocks_.push_back({static_cast<std::int32_t>(e.layer), static_cast<std::int32_t>(e.expert),
                                        image->header.data_offset + e.offset, e.size, e.checksum});
     model->mapping_ = std::move(file).value();
-    if (options.lock) model->mapping_.lock();
+    // With the dense tensors copied for an expert store, lock that copy only:
+    // locking the mapping kept every expert resident, which the store's
+    // budget is there to prevent (a 7 GB file with a 2 GB budget in a 3 GB
+    // cgroup was killed).
+    if (options.lock && copy_dense) {
+      if (model->dense_copy_.data() != nullptr && !model->dense_copy_.lock())
+        model->storage_lock_error_ = model->dense_copy_.lock_error();
+    } else if (options.lock) {
+      model->mapping_.lock();
+    }
     model->file_ = std::move(descriptor);
     return std::shared_ptr<const Model>(std::move(model));
   }

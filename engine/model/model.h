@@ -120,7 +120,7 @@ class Model {
   // when it was parsed at load; empty for converted checkpoints.
   const std::string& file_checksum() const { return file_checksum_; }
   const std::string& weights_lock_error() const {
-    return mapping_.data() != nullptr ? mapping_.lock_error() : storage_lock_error_;
+    return mapping_.data() != nullptr && dense_copy_.data() == nullptr ? mapping_.lock_error() : storage_lock_error_;
   }
   int file_descriptor() const { return file_.get(); }
 

@@ -125,6 +125,26 @@ bool inside(const void* p, std::span<const std::uint8_t> bytes) {
   return b >= bytes.data() && b < bytes.data() + bytes.size();
 }
 
+// lock with copy_dense (lock_memory with an expert budget): the copy every
+// token reads is locked, the experts' mapping is not, or the budget would be
+// moot (every expert locked resident).
+TEST_F(WeightsMemoryTest, LockWithADenseCopyLocksTheCopyNotTheExperts) {
+  const fs::path path = convert("olmoe-tiny", "int8");
+  LoadOptions options;
+  options.copy_dense = true;
+  options.lock = true;
+  auto loaded = Model::load(path, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  const std::string memory = (*loaded)->weights_memory();
+  const std::size_t split = memory.find(';');
+  ASSERT_NE(split, std::string::npos) << memory;
+  EXPECT_EQ(memory.substr(0, split).find("locked"), std::string::npos) << memory;
+  if ((*loaded)->weights_lock_error().empty())
+    EXPECT_NE(memory.find("locked", split), std::string::npos) << memory;
+  else
+    EXPECT_NE((*loaded)->weights_lock_error().find("mlock"), std::string::npos) << (*loaded)->weights_lock_error();
+}
+
 // copy_dense: the tensors every token reads move to huge pages, the experts
 // stay in the mapping for a store to page, and nothing changes in the output,
 // with or without a store evicting at every token.
