@@ -364,6 +364,16 @@ TEST_F(HttpServerTest, EchoWithLogprobsScoresThePrompt) {
                               json{{"prompt", "Hello world"}, {"max_tokens", 3}, {"echo", true}, {"stream", true}});
   ASSERT_EQ(plain_echo.status, 200);
   EXPECT_EQ(plain_echo.events[0]["choices"][0]["text"].get<std::string>().rfind("Hello world", 0), 0u);
+
+  // Token ids past the tokenizer's vocabulary but inside the model's (the
+  // fixture's embedding has 512 rows, its tokenizer 509 ids) are left out of
+  // the echo, as Hugging Face's decode leaves them; the echo was empty.
+  std::vector<std::int32_t> with_padding = encode("Hello world");
+  with_padding.insert(with_padding.begin() + 1, 510);
+  auto padded =
+      http_post(port(), "/v1/completions", json{{"prompt", with_padding}, {"max_tokens", 0}, {"echo", true}});
+  ASSERT_EQ(padded.status, 200) << padded.body;
+  EXPECT_EQ(padded.json_body()["choices"][0]["text"], "Hello world") << padded.body;
 }
 
 // response_format json_object: whatever the (random) model prefers, the text
