@@ -257,5 +257,16 @@ TEST_F(QuantizedFidelity, Int4IsMeasured) {
   EXPECT_LE(f.mean_kl(), 2.9e-2);
 }
 
+// The prompt default on int4 files, whose attention and lm_head stay 8-bit:
+// one plane for the attention output on top of the 4-bit experts' own.
+// Measured (session 20) against the decode modes above, and held near them.
+TEST_F(QuantizedFidelity, Int4PromptsInThePrefillDefaultAreMeasured) {
+  auto decode = measure_scheme(*quant_scheme("int4"));
+  auto prompt = measure_scheme(*quant_scheme("int4"), kPrefillInt8FfnOut, " (int8-ffn-out prefill)");
+  EXPECT_GE(prompt.top1(), decode.top1() - 0.01);
+  EXPECT_LE(prompt.mean_abs_dlogit(), decode.mean_abs_dlogit() * 1.05);
+  EXPECT_LE(prompt.mean_kl(), decode.mean_kl() * 1.05);
+}
+
 }  // namespace
 }  // namespace colibri
