@@ -98,8 +98,8 @@ std::string ChatTemplate::assistant_turn(std::string_view text, bool after_last_
     reasoning = strip_newlines(before, true, false);
   }
   if (after_last_query && (last || !reasoning.empty()))
-    return fmt::format("<think>\n{}\n</think>\n\n{}", strip_newlines(reasoning, true, true),
-                       strip_newlines(content, true, false));
+    return fmt::format("<think>\n{}\n</think>\n\n{}", strip_newlines(reasoning, false, true),
+                       strip_newlines(content, true, false));  // also when there was no </think>
   return std::string(content);
 }
 

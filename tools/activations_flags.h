@@ -8,10 +8,14 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/session.h"
 
 namespace colibri_tools {
+
+// 'same', then the names colibri::activation_preset() knows.
+inline const std::vector<std::string> kActivationModeNames = {"same", "int8-ffn", "int8-ffn-out"};
 
 struct PrefillActivationsFlag {
   std::string name = "int8-ffn-out";
@@ -25,7 +29,7 @@ struct PrefillActivationsFlag {
                    "'same' as generated tokens, so the prompt's logits are bit-identical to decoding it token "
                    "by token. The server's prefill_activations.")
         ->capture_default_str()
-        ->check(CLI::IsMember({"same", "int8-ffn", "int8-ffn-out"}));
+        ->check(CLI::IsMember(kActivationModeNames));
   }
 
   // 'same': prefill in the session's own (decode) modes, whichever they are.
@@ -45,7 +49,7 @@ struct DecodeActivationsFlag {
                    "only where decode is arithmetic-bound (many sessions at once; a lone stream reads the same "
                    "bytes), fidelity within the int8 bounds. The server's decode_activations.")
         ->capture_default_str()
-        ->check(CLI::IsMember({"same", "int8-ffn", "int8-ffn-out"}));
+        ->check(CLI::IsMember(kActivationModeNames));
   }
 
   void apply(colibri::Session& session) const {

@@ -1306,6 +1306,18 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
 
 // ---- activation quantization ----------------------------------------------------------
 
+// Zeros q from n to a multiple of 128 and writes q4, q's complete 128-column
+// blocks in the Q4 kernels' order (ActivationQ8).
+void pad_and_rearrange(std::int8_t* q, std::int8_t* q4, int32_t n) {
+  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
+  std::memset(q + n, 0, padded - static_cast<size_t>(n));
+  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128)
+    for (size_t i = 0; i < 64; ++i) {
+      q4[block + i] = q[block + 2 * i];
+      q4[block + 64 + i] = q[block + 2 * i + 1];
+    }
+}
+
 void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* q, std::int8_t* q4,
                          float* scales, int32_t* sums, float* residual) {
   const int32_t groups = group_count(n, group);
@@ -1345,13 +1357,7 @@ void quantize_activation(const float* x, int32_t n, int32_t group, std::int8_t* 
     scales[g] = scale;
     sums[g] = hsum_epi32(sum);
   }
-  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
-  std::memset(q + n, 0, padded - static_cast<size_t>(n));
-  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128)
-    for (size_t i = 0; i < 64; ++i) {
-      q4[block + i] = q[block + 2 * i];
-      q4[block + 64 + i] = q[block + 2 * i + 1];
-    }
+  pad_and_rearrange(q, q4, n);
 }
 
 // The scalar path's quantize_residual: cvtps rounds to nearest even as its
@@ -1383,13 +1389,7 @@ void quantize_residual(const float* r, int32_t n, int32_t group, const float* fi
     scales[g] = scale;
     sums[g] = hsum_epi32(sum);
   }
-  const size_t padded = (static_cast<size_t>(n) + 127) / 128 * 128;
-  std::memset(q + n, 0, padded - static_cast<size_t>(n));
-  for (size_t block = 0; block + 128 <= static_cast<size_t>(n); block += 128)
-    for (size_t i = 0; i < 64; ++i) {
-      q4[block + i] = q[block + 2 * i];
-      q4[block + 64 + i] = q[block + 2 * i + 1];
-    }
+  pad_and_rearrange(q, q4, n);
 }
 
 // ---- elementwise and attention kernels --------------------------------------------------

@@ -29,6 +29,18 @@ float f16_value(const std::uint8_t* p) {
 
 std::int32_t group_count(std::int32_t cols, std::int32_t group) { return (cols + group - 1) / group; }
 
+// Zeros q from n to a multiple of 128 and writes q4, q's complete 128-column
+// blocks in the Q4 kernels' order (ActivationQ8).
+void pad_and_rearrange(std::int8_t* q, std::int8_t* q4, std::int32_t n) {
+  const std::int32_t padded = (n + 127) / 128 * 128;
+  std::memset(q + n, 0, static_cast<std::size_t>(padded - n));
+  for (std::int32_t block = 0; block + 128 <= n; block += 128)
+    for (std::int32_t i = 0; i < 64; ++i) {
+      q4[block + i] = q[block + 2 * i];
+      q4[block + 64 + i] = q[block + 2 * i + 1];
+    }
+}
+
 void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std::int8_t* q,
                          std::int8_t* q4, float* scales, std::int32_t* sums, float* residual) {
   const std::int32_t groups = group_count(n, group);
@@ -51,20 +63,14 @@ void quantize_activation(const float* x, std::int32_t n, std::int32_t group, std
     if (residual != nullptr)
       for (std::int32_t c = begin; c < end; ++c) residual[c] = x[c] - scales[g] * static_cast<float>(q[c]);
   }
-  const std::int32_t padded = (n + 127) / 128 * 128;
-  std::memset(q + n, 0, static_cast<std::size_t>(padded - n));
-  for (std::int32_t block = 0; block + 128 <= n; block += 128)
-    for (std::int32_t i = 0; i < 64; ++i) {
-      q4[block + i] = q[block + 2 * i];
-      q4[block + 64 + i] = q[block + 2 * i + 1];
-    }
+  pad_and_rearrange(q, q4, n);
 }
 
 // |r| is at most half the first plane's step, so only rounding reaches the
 // limit. A fixed ratio lets the Q8R16 kernels add the planes' dots in int32.
 void quantize_residual(const float* r, std::int32_t n, std::int32_t group, const float* first_scales,
                        std::int8_t* q, std::int8_t* q4, float* scales, std::int32_t* sums) {
-  const std::int32_t groups = (n + group - 1) / group;
+  const std::int32_t groups = group_count(n, group);
   for (std::int32_t g = 0; g < groups; ++g) {
     const std::int32_t begin = g * group, end = std::min(n, begin + group);
     const float scale = first_scales[g] / static_cast<float>(kResidualRatio);
@@ -84,13 +90,7 @@ void quantize_residual(const float* r, std::int32_t n, std::int32_t group, const
     scales[g] = scale;
     sums[g] = sum;
   }
-  const std::int32_t padded = (n + 127) / 128 * 128;
-  std::fill(q + n, q + padded, std::int8_t{0});
-  for (std::int32_t block = 0; block + 128 <= n; block += 128)
-    for (std::int32_t i = 0; i < 64; ++i) {
-      q4[block + i] = q[block + 2 * i];
-      q4[block + 64 + i] = q[block + 2 * i + 1];
-    }
+  pad_and_rearrange(q, q4, n);
 }
 
 // ---- Q8R16 -----------------------------------------------------------------------
