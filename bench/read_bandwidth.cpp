@@ -6,12 +6,16 @@
 // same instruction as far as the memory system is concerned.
 //
 // What the kernels' weight walk does and a naive read test does not: each
-// thread walks four streams at once (its slice's quarters, as a kernel walks
-// four weight rows) and prefetches 1 KiB ahead in each, on 2 MiB pages. On the
-// Zen 4 development machine (2 threads, 2 GiB, one run): plain walk on 4 KiB
-// pages 54.4 GB/s, four streams with prefetch 63.4; at a busier moment 32.6
-// plain, 38.6 on huge pages. Without the prefetch and the streams, a decode
-// step read its weights faster than "the bandwidth" (roofline above 100 %).
+// thread walks two streams at once (its slice's halves, as a decode kernel
+// walks two runs of row blocks) and prefetches 1 KiB ahead in each, on 2 MiB
+// pages. On the Zen 4 development machine (2 threads, 2 GiB, one run): plain
+// walk on 4 KiB pages 54.4 GB/s, four streams with prefetch 63.4; at a busier
+// moment 32.6 plain, 38.6 on huge pages. Without the prefetch and the streams,
+// a decode step read its weights faster than "the bandwidth" (roofline above
+// 100 %). Session 21 measured, alternated every few milliseconds with decode
+// products in DRAM's fast spells, two streams at 1.11-1.14x four (1, 1.5, 2
+// and 3 KiB leads alike, 4 KiB 1.09x, one stream 1.03-1.10x, eight 0.93-0.97x),
+// once a lone vector's int8 products ran at 1.12-1.17x the four-stream rate.
 #include "read_bandwidth.h"
 
 #include "core/arena.h"
@@ -41,7 +45,7 @@ namespace {
 __attribute__((target("avx512f"))) std::uint64_t read_avx512(const std::byte* data, std::size_t bytes) {
   __m512i acc[8];
   for (auto& a : acc) a = _mm512_setzero_si512();
-  constexpr int kStreams = 4;
+  constexpr int kStreams = 2;
   constexpr std::size_t kAhead = 1024;
   const std::size_t part = bytes / kStreams / 128 * 128;
   for (std::size_t i = 0; i < part; i += 128)
@@ -52,7 +56,7 @@ __attribute__((target("avx512f"))) std::uint64_t read_avx512(const std::byte* da
       acc[2 * s] = _mm512_xor_si512(acc[2 * s], _mm512_load_si512(p));
       acc[2 * s + 1] = _mm512_xor_si512(acc[2 * s + 1], _mm512_load_si512(p + 64));
     }
-  for (std::size_t i = kStreams * part; i < bytes; i += 64)  // what the quarters leave
+  for (std::size_t i = kStreams * part; i < bytes; i += 64)  // what the halves leave
     acc[0] = _mm512_xor_si512(acc[0], _mm512_load_si512(data + i));
   for (int k = 1; k < 8; ++k) acc[0] = _mm512_xor_si512(acc[0], acc[k]);
   alignas(64) std::uint64_t lanes[8];

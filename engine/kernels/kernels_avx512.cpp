@@ -495,12 +495,18 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
 #pragma GCC unroll 4
       for (int k = 0; k < S; ++k) {
         const std::int8_t* chunk = values[k] + c * kQ8R16Rows;
-        _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
-        // With 2-4 vectors (a batched decode step's experts) the arithmetic per
-        // line is long enough that the 4 KB lead no longer hides DRAM: a second
-        // fetch into L2 four leads ahead keeps more lines in flight (16 sessions,
-        // colibri-batch-bench: 1.29x; a lone stream unchanged; docs/KERNELS.md).
-        _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16L2Prefetch, _MM_HINT_T1);
+        // A lone vector streams its blocks faster with no software prefetch:
+        // the hardware prefetchers alone read lm_head at 1.12-1.17x the old
+        // read test in DRAM's fast spells, against 0.81-0.85 with these two
+        // (0.88-0.97 with a 1 KB lead; docs/KERNELS.md, "Q8R16").
+        if constexpr (NV > 1) {
+          _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
+          // With 2-4 vectors (a batched decode step's experts) the arithmetic per
+          // line is long enough that the 4 KB lead no longer hides DRAM: a second
+          // fetch into L2 four leads ahead keeps more lines in flight (16 sessions,
+          // colibri-batch-bench: 1.29x; docs/KERNELS.md).
+          _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16L2Prefetch, _MM_HINT_T1);
+        }
         const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(chunk), flip);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {

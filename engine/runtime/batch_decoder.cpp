@@ -20,6 +20,16 @@ namespace {
 // so threads never write the same line of y.
 constexpr std::int32_t kRowGrain = 16;
 
+// A product over this few vectors streams its weights from memory, and each
+// range a team member takes starts its streams afresh: the prefetchers ramp
+// up again and the lines fetched past the range's end are wasted. Ranges of
+// at least this many weight bytes (the team still hands every member two)
+// took a 1.3 MB int4 matrix from 32 to 46 GB/s on two cores while the read
+// test gave 44-57 (docs/KERNELS.md, "Thread team"). Prompts' tiles are bound
+// by arithmetic and keep the team's finer ranges, which balance better.
+constexpr std::int32_t kStreamingVectors = 4;
+constexpr double kMinStreamRangeBytes = 512.0 * 1024;
+
 std::size_t at(std::int32_t index, std::int32_t width) {
   return static_cast<std::size_t>(index) * static_cast<std::size_t>(width);
 }
@@ -365,6 +375,19 @@ void BatchDecoder::run_matmats(const MatmatTask* tasks, std::int32_t count) {
   offsets[0] = 0;
   for (std::int32_t i = 0; i < count; ++i)
     offsets[i + 1] = offsets[i] + (tasks[i].w->rows + kRowGrain - 1) / kRowGrain * kRowGrain;
+  std::int32_t min_range = 0;
+  bool streaming = true;
+  double bytes = 0;
+  for (std::int32_t i = 0; i < count && streaming; ++i) {
+    const Matrix& w = *tasks[i].w;
+    streaming = tasks[i].n <= kStreamingVectors;
+    if (const auto layout = weight_layout(w.format, static_cast<std::uint64_t>(w.rows),
+                                          static_cast<std::uint64_t>(w.cols), static_cast<std::uint32_t>(w.group)))
+      bytes += static_cast<double>(layout->total_bytes);
+  }
+  if (streaming && bytes > 0)
+    min_range = static_cast<std::int32_t>(
+        std::min<double>(offsets[count], std::ceil(kMinStreamRangeBytes * offsets[count] / bytes)));
   team_->parallel_for(offsets[count], kRowGrain, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
     for (std::int32_t i = 0; i < count; ++i) {
       const std::int32_t lo = std::max(begin, offsets[i]);
@@ -373,7 +396,7 @@ void BatchDecoder::run_matmats(const MatmatTask* tasks, std::int32_t count) {
         kernels::matmat(*tasks[i].w, tasks[i].n, tasks[i].x, tasks[i].xq, tasks[i].y, lo - offsets[i],
                         hi - offsets[i]);
     }
-  });
+  }, min_range);
 }
 
 template <class Body>

@@ -160,7 +160,7 @@ const Arena& ThreadTeam::scratch_arena(std::int32_t member) const {
   return scratch_[static_cast<std::size_t>(member)].arena;
 }
 
-void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
+void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain, std::int32_t min_range) {
   grain = std::max<std::int32_t>(1, grain);
   if (size_ == 1 || n <= grain) {
     fn(context, 0, 0, n);
@@ -170,7 +170,11 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
   // process hands its share to the others, large enough that the shared
   // counter is touched rarely.
   const std::int32_t units = (n + grain - 1) / grain;
-  const std::int32_t per_range = std::max<std::int32_t>(1, units / (size_ * 8));
+  // A floor on ranges, but never so high that a member gets fewer than two:
+  // the second is what lets a member slowed by another process hand work on.
+  const std::int32_t min_units =
+      std::clamp<std::int32_t>((min_range + grain - 1) / grain, 1, std::max<std::int32_t>(1, units / (2 * size_)));
+  const std::int32_t per_range = std::max<std::int32_t>(min_units, units / (size_ * 8));
   // Retire the previous job's claim word before rewriting the job's fields. A
   // member may still hold the old word, exhausted (index >= old n); without
   // this it could read the new, larger n, win a compare-exchange against the
@@ -187,6 +191,7 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain) {
   n_.store(n, std::memory_order_release);
   chunk_.store(per_range * grain, std::memory_order_release);
   grain_.store(grain, std::memory_order_release);
+  min_range_.store(min_units * grain, std::memory_order_release);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(generation, std::memory_order_release);
   generation_.store(jobs_, std::memory_order_release);
@@ -210,6 +215,7 @@ void ThreadTeam::work(std::int32_t member) {
     const std::int32_t n = n_.load(std::memory_order_acquire);
     const std::int32_t largest = chunk_.load(std::memory_order_acquire);
     const std::int32_t grain = grain_.load(std::memory_order_acquire);
+    const std::int32_t smallest = min_range_.load(std::memory_order_acquire);
     const auto index = static_cast<std::uint32_t>(claim);
     if (index >= static_cast<std::uint32_t>(n)) return;  // exhausted, or retired (see run)
     const auto begin = static_cast<std::int32_t>(index);
@@ -219,7 +225,7 @@ void ThreadTeam::work(std::int32_t member) {
     // other's last full range, most of the job's time on one core in DRAM's
     // fast spells.
     const std::int32_t share = (n - begin) / (2 * size_) / grain * grain;
-    const std::int32_t chunk = std::clamp(share, grain, largest);
+    const std::int32_t chunk = std::clamp(share, smallest, largest);
     // Success proves the claim word did not change since it was read: neither
     // claimed further nor retired, so the fields above belong to its job (run
     // retires the word before rewriting them). begin + chunk < 2^32: the

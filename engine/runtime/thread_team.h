@@ -54,14 +54,16 @@ class ThreadTeam {
   // Calls body(member, begin, end) on disjoint ranges covering [0, n), each
   // starting at a multiple of `grain` (so outputs split on cache lines when
   // grain covers 64 bytes). Returns when all ranges are done. The body must
-  // not throw.
+  // not throw. `min_range` (rounded up to the grain) is the smallest range
+  // handed out but the job's last: a body that streams memory pays a start
+  // per range (see run()).
   template <class Body>
-  void parallel_for(std::int32_t n, std::int32_t grain, Body&& body) {
+  void parallel_for(std::int32_t n, std::int32_t grain, Body&& body, std::int32_t min_range = 0) {
     if (n <= 0) return;
     auto trampoline = [](void* context, std::int32_t member, std::int32_t begin, std::int32_t end) {
       (*static_cast<std::remove_reference_t<Body>*>(context))(member, begin, end);
     };
-    run(trampoline, const_cast<void*>(static_cast<const void*>(&body)), n, grain);
+    run(trampoline, const_cast<void*>(static_cast<const void*>(&body)), n, grain, min_range);
   }
 
   // Member `member`'s own scratch buffer (64-byte aligned), for use inside a
@@ -96,7 +98,7 @@ class ThreadTeam {
     std::size_t bytes = 0;
   };
 
-  void run(Fn fn, void* context, std::int32_t n, std::int32_t grain);
+  void run(Fn fn, void* context, std::int32_t n, std::int32_t grain, std::int32_t min_range);
   void work(std::int32_t member);
   void worker_main(std::int32_t member);
   bool pin(std::thread::native_handle_type thread, std::int32_t member);
@@ -125,6 +127,7 @@ class ThreadTeam {
   std::atomic<std::int32_t> n_{0};
   std::atomic<std::int32_t> chunk_{1};  // the largest range, grain-aligned
   std::atomic<std::int32_t> grain_{1};
+  std::atomic<std::int32_t> min_range_{1};  // the smallest range, grain-aligned
   std::uint32_t jobs_ = 0;  // caller-side count of jobs published
   // Separate cache lines for what the members write at different times.
   // claim_: job generation (high 32 bits) and the next unclaimed index.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +37,32 @@ TEST(ThreadTeam, ParallelForCoversEveryIndexOnceInGrainAlignedRanges) {
           for (std::int32_t i = begin; i < end; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1);
         });
         ASSERT_FALSE(bad_range) << threads << " threads, n " << n << ", grain " << grain;
+        for (std::int32_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << i;
+      }
+    }
+  }
+}
+
+// Streaming jobs ask for a floor on range sizes (a range restarts the
+// members' memory streams); the team honours it for every range but the
+// job's last, never so high that a member gets fewer than two ranges' worth,
+// and still covers every index once.
+TEST(ThreadTeam, MinRangeIsTheSmallestRangeButTheLast) {
+  for (std::int32_t threads : {2, 3}) {
+    ThreadTeam team(threads);
+    for (std::int32_t n : {16, 100, 1024, 6144, 50304}) {
+      for (std::int32_t min_range : {0, 1, 100, 400, 1 << 20}) {
+        constexpr std::int32_t kGrain = 16;
+        const std::int32_t units = (n + kGrain - 1) / kGrain;
+        const std::int32_t floor_units =
+            std::clamp((min_range + kGrain - 1) / kGrain, 1, std::max(1, units / (2 * threads)));
+        std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+        std::atomic<std::int32_t> short_range{-1};
+        team.parallel_for(n, kGrain, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
+          if (end < n && end - begin < floor_units * kGrain) short_range = end - begin;
+          for (std::int32_t i = begin; i < end; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1);
+        }, min_range);
+        ASSERT_EQ(short_range.load(), -1) << threads << " threads, n " << n << ", min_range " << min_range;
         for (std::int32_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << i;
       }
     }
