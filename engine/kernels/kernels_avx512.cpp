@@ -495,10 +495,10 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
 #pragma GCC unroll 4
       for (int k = 0; k < S; ++k) {
         const std::int8_t* chunk = values[k] + c * kQ8R16Rows;
-        // A lone vector streams its blocks faster with no software prefetch:
-        // the hardware prefetchers alone read lm_head at 1.12-1.17x the old
-        // read test in DRAM's fast spells, against 0.81-0.85 with these two
-        // (0.88-0.97 with a 1 KB lead; docs/KERNELS.md, "Q8R16").
+        // A lone vector streams its weights faster with no software prefetch
+        // of them: the hardware prefetchers alone read lm_head at 1.11-1.18x
+        // the old read test in DRAM's fast spells, against 0.81-0.85 with these
+        // two (0.95-0.97 with a 1 KB lead; docs/KERNELS.md, "Q8R16").
         if constexpr (NV > 1) {
           _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
           // With 2-4 vectors (a batched decode step's experts) the arithmetic per

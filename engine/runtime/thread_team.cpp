@@ -172,8 +172,9 @@ void ThreadTeam::run(Fn fn, void* context, std::int32_t n, std::int32_t grain, s
   const std::int32_t units = (n + grain - 1) / grain;
   // A floor on ranges, but never so high that a member gets fewer than two:
   // the second is what lets a member slowed by another process hand work on.
-  const std::int32_t min_units =
-      std::clamp<std::int32_t>((min_range + grain - 1) / grain, 1, std::max<std::int32_t>(1, units / (2 * size_)));
+  const std::int64_t asked_units = (std::int64_t{std::max<std::int32_t>(0, min_range)} + grain - 1) / grain;
+  const auto min_units = static_cast<std::int32_t>(
+      std::clamp<std::int64_t>(asked_units, 1, std::max<std::int32_t>(1, units / (2 * size_))));
   const std::int32_t per_range = std::max<std::int32_t>(min_units, units / (size_ * 8));
   // Retire the previous job's claim word before rewriting the job's fields. A
   // member may still hold the old word, exhausted (index >= old n); without
@@ -225,7 +226,9 @@ void ThreadTeam::work(std::int32_t member) {
     // other's last full range, most of the job's time on one core in DRAM's
     // fast spells.
     const std::int32_t share = (n - begin) / (2 * size_) / grain * grain;
-    const std::int32_t chunk = std::clamp(share, smallest, largest);
+    // Not std::clamp: fields read from two different jobs may have
+    // smallest > largest; the compare-exchange below rejects such a claim.
+    const std::int32_t chunk = std::max(smallest, std::min(share, largest));
     // Success proves the claim word did not change since it was read: neither
     // claimed further nor retired, so the fields above belong to its job (run
     // retires the word before rewriting them). begin + chunk < 2^32: the

@@ -55,8 +55,8 @@ class ThreadTeam {
   // starting at a multiple of `grain` (so outputs split on cache lines when
   // grain covers 64 bytes). Returns when all ranges are done. The body must
   // not throw. `min_range` (rounded up to the grain) is the smallest range
-  // handed out but the job's last: a body that streams memory pays a start
-  // per range (see run()).
+  // handed out but the job's last, capped so that every member still gets
+  // about two ranges: a body that streams memory pays a start per range.
   template <class Body>
   void parallel_for(std::int32_t n, std::int32_t grain, Body&& body, std::int32_t min_range = 0) {
     if (n <= 0) return;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -51,18 +52,25 @@ TEST(ThreadTeam, MinRangeIsTheSmallestRangeButTheLast) {
   for (std::int32_t threads : {2, 3}) {
     ThreadTeam team(threads);
     for (std::int32_t n : {16, 100, 1024, 6144, 50304}) {
-      for (std::int32_t min_range : {0, 1, 100, 400, 1 << 20}) {
+      for (std::int32_t min_range : {0, 1, 100, 400, 1 << 20, std::numeric_limits<std::int32_t>::max()}) {
         constexpr std::int32_t kGrain = 16;
         const std::int32_t units = (n + kGrain - 1) / kGrain;
         const std::int32_t floor_units =
             std::clamp((min_range + kGrain - 1) / kGrain, 1, std::max(1, units / (2 * threads)));
         std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
         std::atomic<std::int32_t> short_range{-1};
+        std::atomic<std::int32_t> ranges{0};
         team.parallel_for(n, kGrain, [&](std::int32_t, std::int32_t begin, std::int32_t end) {
           if (end < n && end - begin < floor_units * kGrain) short_range = end - begin;
+          ranges.fetch_add(1);
           for (std::int32_t i = begin; i < end; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1);
         }, min_range);
         ASSERT_EQ(short_range.load(), -1) << threads << " threads, n " << n << ", min_range " << min_range;
+        // The cap: however large the floor asked for, a job of enough grains
+        // still comes in at least two ranges per member.
+        if (units >= 2 * threads) {
+          EXPECT_GE(ranges.load(), 2 * threads) << threads << " threads, n " << n;
+        }
         for (std::int32_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << i;
       }
     }
