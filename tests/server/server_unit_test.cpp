@@ -413,6 +413,15 @@ class ServerWithModel : public ::testing::Test {
 };
 std::shared_ptr<const Model> ServerWithModel::model_;
 
+// How a rendered chat text is tokenized to compare with apply(): the template
+// supplies BOS itself, and its special tokens are recognised.
+EncodeOptions rendered_text_options() {
+  EncodeOptions options;
+  options.add_special_tokens = false;
+  options.parse_special = true;
+  return options;
+}
+
 TEST_F(ServerWithModel, ChatMLIsChosenAndMatchesTheRenderedTemplate) {
   auto chat = ChatTemplate::select(*model_, "auto");
   ASSERT_TRUE(chat.ok()) << chat.error().message;
@@ -426,9 +435,7 @@ TEST_F(ServerWithModel, ChatMLIsChosenAndMatchesTheRenderedTemplate) {
   std::string rendered;
   for (const auto& m : messages) rendered += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
   rendered += "<|im_start|>assistant\n";
-  EncodeOptions options;
-  options.add_special_tokens = false;
-  options.parse_special = true;
+  const EncodeOptions options = rendered_text_options();
   auto expected = model_->tokenizer().encode(rendered, options);
   ASSERT_TRUE(expected.ok());
   EXPECT_EQ(*ids, *expected);
@@ -499,9 +506,7 @@ TEST(ChatTemplateChatML, TheTemplatesDefaultSystemMessageIsRendered) {
   ASSERT_TRUE(chat.ok()) << chat.error().message;
   EXPECT_EQ(chat->format(), ChatFormat::ChatML);
   EXPECT_NE(chat->reason().find("You are a helpful assistant"), std::string::npos) << chat->reason();
-  EncodeOptions options;
-  options.add_special_tokens = false;
-  options.parse_special = true;
+  const EncodeOptions options = rendered_text_options();
   // What apply_chat_template renders, tokenized with the special tokens recognised.
   auto without = chat->apply({{"user", "Hi"}}, true);
   ASSERT_TRUE(without.ok());
@@ -548,9 +553,7 @@ TEST(ChatTemplateChatML, Qwen3DropsEarlierReasoningAsItsTemplateDoes) {
   auto chat = ChatTemplate::select(*model, "auto");
   ASSERT_TRUE(chat.ok()) << chat.error().message;
   EXPECT_EQ(chat->format(), ChatFormat::ChatML);
-  EncodeOptions options;
-  options.add_special_tokens = false;
-  options.parse_special = true;
+  const EncodeOptions options = rendered_text_options();
   auto history = chat->apply({{"user", "Hi"}, {"assistant", "<think>\nsay hello\n</think>\n\nHello!"}, {"user", "Bye"}},
                              true);
   ASSERT_TRUE(history.ok());
@@ -586,9 +589,7 @@ TEST(ChatTemplateTulu, RecognisedAndRenderedAsHuggingFaceDoes) {
   const std::string rendered =
       "<|endoftext|><|system|>\nBe brief.\n<|user|>\nHello there\n<|assistant|>\nHi.<|endoftext|>\n"
       "<|user|>\nAnd now?\n<|assistant|>\n";
-  EncodeOptions options;
-  options.add_special_tokens = false;
-  options.parse_special = true;
+  const EncodeOptions options = rendered_text_options();
   auto expected = model->tokenizer().encode(rendered, options);
   ASSERT_TRUE(expected.ok());
   auto ids = chat->apply(messages, true);
