@@ -305,6 +305,7 @@ std::int32_t ExpertStore::choose_slot(bool wait) {
   for (;;) {
     std::int32_t best = -1;
     std::int32_t in_flight = -1;
+    bool best_is_fresh_read_ahead = false;
     for (std::uint64_t i = 0; i < slot_count_; ++i) {
       Slot& s = slots_[i];
       if (s.hot || s.acquired > 0) continue;
@@ -314,8 +315,17 @@ std::int32_t ExpertStore::choose_slot(bool wait) {
         continue;
       }
       if (s.key < 0 || state == kFailed) return static_cast<std::int32_t>(i);
-      if (best < 0) {
+      // A read ahead nobody has acquired yet was asked for moments ago (the
+      // layer's other misses, or the next layer's guess): evicting it for
+      // another expert wastes its read and makes its acquire a miss. LFU would
+      // pick it first (no uses yet). It yields only to other read aheads until
+      // the store has handed out or loaded a budget's worth of experts since,
+      // after which an unused guess is as evictable as anything else.
+      const bool fresh = s.prefetched_unused && tick_ - s.loaded_at < slot_count_;
+      if (best >= 0 && fresh && !best_is_fresh_read_ahead) continue;
+      if (best < 0 || (best_is_fresh_read_ahead && !fresh)) {
         best = static_cast<std::int32_t>(i);
+        best_is_fresh_read_ahead = fresh;
         continue;
       }
       const Slot& b = slots_[static_cast<std::size_t>(best)];

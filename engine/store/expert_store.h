@@ -172,8 +172,9 @@ class ExpertStore {
   std::int32_t key_of(std::int32_t layer, std::int32_t expert) const { return layer * n_experts_ + expert; }
   std::string describe(std::int32_t key) const;
   // A slot to load into: an empty one, else the policy's choice among
-  // unpinned, unacquired, settled slots. With `wait`, waits for in-flight
-  // loads when nothing else is free; -1 when nothing can be had.
+  // unpinned, unacquired, settled slots, fresh unused read aheads last. With
+  // `wait`, waits for in-flight loads when nothing else is free; -1 when
+  // nothing can be had.
   std::int32_t choose_slot(bool wait);
   void evict(Slot& slot);
   void assign(std::int32_t slot_index, std::int32_t key);

@@ -533,6 +533,55 @@ TEST_F(ExpertStoreTest, PrefetchedExpertIsAHitWithoutStall) {
   }
 }
 
+// LFU ranks an expert nobody has acquired yet first (no uses), so a read ahead
+// that had landed was the next miss's victim: the layer's other misses,
+// prefetched together, evicted each other. A read ahead yields only to other
+// read aheads until the store has handed out a budget's worth of experts since.
+TEST_F(ExpertStoreTest, LfuKeepsAFreshReadAheadUntilItIsUsedOrStale) {
+  auto store = open_store(mixtral_, {.budget_bytes = slots_bytes(*mixtral_, 4), .policy = EvictionPolicy::LFU,
+                                     .io = ExpertIo::Pread, .prefetch = true});
+  ASSERT_TRUE(store);
+  auto use = [&](int layer, int expert) {
+    auto w = store->acquire(layer, expert);
+    ASSERT_TRUE(w.ok()) << w.error().message;
+    store->release(layer, expert);
+  };
+  auto wait_loaded = [&](std::uint64_t n) {
+    for (int i = 0; i < 2000 && store->totals().prefetch_loaded < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(store->totals().prefetch_loaded, n);
+  };
+  for (int round = 0; round < 2; ++round)
+    for (int e = 0; e < 4; ++e) use(0, e);  // four slots, two uses each
+  const std::int32_t ahead[] = {4, 5};
+  store->prefetch(1, ahead);  // replaces layer 0's experts 0 and 1 (least recently used of equals)
+  wait_loaded(2);
+  use(1, 6);  // a miss: must take layer 0's expert 2, not a read ahead
+  use(1, 4);
+  use(1, 5);
+  auto t = store->totals();
+  EXPECT_EQ(t.prefetch_used, 2u);
+  EXPECT_EQ(t.prefetch_wasted, 0u);
+  EXPECT_EQ(t.misses, 5u);
+  EXPECT_EQ(t.hits, 4u + 2u);
+
+  // A guess never acquired stops being protected once a budget's worth of
+  // experts (4) has been handed out since: then LFU evicts it first.
+  const std::int32_t guess[] = {7};
+  store->prefetch(1, guess);  // replaces (1, 6), one use and the least recent
+  wait_loaded(3);
+  for (int i = 0; i < 2; ++i) {
+    use(1, 4);
+    use(1, 5);
+  }
+  use(0, 0);
+  t = store->totals();
+  EXPECT_EQ(t.prefetch_wasted, 1u) << "the stale guess should have been the victim";
+  EXPECT_TRUE(store->resident(1, 4));
+  EXPECT_TRUE(store->resident(1, 5));
+  EXPECT_FALSE(store->resident(1, 7));
+}
+
 // Prefetch racing acquire: every weight handed out holds the expert's bytes,
 // whatever the loader thread was doing when it was asked for.
 TEST_F(ExpertStoreTest, PrefetchRacingAcquireHandsOutTheRightBytes) {
