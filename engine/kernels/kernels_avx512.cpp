@@ -18,6 +18,9 @@
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "kernels/kernel_table.h"
@@ -445,7 +448,7 @@ inline __m512 q8r16_combined_step(__m512 acc, __m512i dot, __m512i lo, __m512 w_
 // at about 60 % of four).
 // noinline: inlined into the callers' nested lambdas, GCC 12 kept the dot
 // accumulators in memory and ran the kernel 3-4x slower (measured).
-template <bool Residual, int NV, int S = 1>
+template <bool Residual, int NV, int S = 1, bool LonePrefetch = false>
 __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values_in, const float* const* scales_in, size_t cols, size_t group,
                       int32_t groups, const ActivationView* const* xs, __m512* acc_out) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -495,11 +498,12 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
 #pragma GCC unroll 4
       for (int k = 0; k < S; ++k) {
         const std::int8_t* chunk = values[k] + c * kQ8R16Rows;
-        // A lone vector streams its weights faster with no software prefetch
-        // of them: the hardware prefetchers alone read lm_head at 1.11-1.18x
-        // the old read test in DRAM's fast spells, against 0.81-0.85 with these
-        // two (0.95-0.97 with a 1 KB lead; docs/KERNELS.md, "Q8R16").
-        if constexpr (NV > 1) {
+        // A lone vector prefetches only where that was measured faster
+        // (lone_vector_prefetch()): on Zen 4 the hardware prefetchers alone
+        // read lm_head at 1.11-1.18x the old read test in DRAM's fast spells,
+        // against 0.81-0.85 with these two; on an Intel Xeon (Emerald Rapids)
+        // decode ran 1.17-1.22x faster with them (docs/KERNELS.md, "Q8R16").
+        if constexpr (NV > 1 || LonePrefetch) {
           _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
           // With 2-4 vectors (a batched decode step's experts) the arithmetic per
           // line is long enough that the 4 KB lead no longer hides DRAM: a second
@@ -665,12 +669,30 @@ struct Q8R16Blocks {
   const float* scales_of(int32_t b) const { return scales + static_cast<size_t>(b) * block_scales; }
 };
 
+// Whether a lone vector's Q8R16 stream issues software prefetches: not on
+// AMD (Zen 4 measured, session 21), yes elsewhere (Intel measured, session
+// 22; what every CPU did before). COLIBRI_STREAM_PREFETCH=on|off overrides it,
+// to measure a CPU that is neither.
+bool lone_vector_prefetch() {
+  static const bool prefetch = [] {
+    if (const char* env = std::getenv("COLIBRI_STREAM_PREFETCH"); env != nullptr && *env != '\0') {
+      if (std::strcmp(env, "on") == 0) return true;
+      if (std::strcmp(env, "off") == 0) return false;
+      std::fprintf(stderr, "colibri: COLIBRI_STREAM_PREFETCH=%s is neither on nor off; ignored\n", env);
+    }
+    __builtin_cpu_init();
+    return !__builtin_cpu_is("amd");
+  }();
+  return prefetch;
+}
+
 template <bool Residual, int NV>
 void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float* const* y, int32_t row_begin,
                         int32_t row_end) {
   const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
   const int32_t groups = group_count(w.cols, w.group);
   const Q8R16Blocks at(w, groups);
+  const bool prefetch = lone_vector_prefetch();
   const int32_t first = row_begin / kQ8R16Rows, blocks = (row_end - 1) / kQ8R16Rows - first + 1;
   r16_blocks_side_by_side<kQ8R16Streams>(first, blocks, [&]<int K>(const int32_t* b) {
     const std::int8_t* values[K];
@@ -680,6 +702,13 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
       scales[k] = at.scales_of(b[k]);
     }
     __m512 acc[K * NV];
+    if constexpr (NV == 1) {
+      if (prefetch) {
+        q8r16_int8_block<Residual, NV, K, true>(values, scales, cols, group, groups, xq, acc);
+        store_r16_blocks<K, NV>(b, acc, y, row_begin, row_end);
+        return;
+      }
+    }
     q8r16_int8_block<Residual, NV, K>(values, scales, cols, group, groups, xq, acc);
     store_r16_blocks<K, NV>(b, acc, y, row_begin, row_end);
   });
