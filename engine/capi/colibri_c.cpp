@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,24 @@ struct colibri_router {
 };
 
 namespace {
+
+// The model whose store_mutex this thread holds, inside colibri_inference (so
+// inside its on_text callbacks). Locking it again from the callback would
+// deadlock the thread: such calls fail instead.
+thread_local const colibri_model* t_store_held = nullptr;
+constexpr const char* kReentrantStoreMessage =
+    "called from an on_text callback of an inference on the same model, which drives the model's expert store "
+    "until it returns; call it after that inference, or on another model";
+
+bool holds_store(const colibri_model* model) { return t_store_held == model; }
+
+struct StoreHolder {
+  const colibri_model* previous;
+  explicit StoreHolder(const colibri_model* model) : previous(t_store_held) { t_store_held = model; }
+  ~StoreHolder() { t_store_held = previous; }
+  StoreHolder(const StoreHolder&) = delete;
+  StoreHolder& operator=(const StoreHolder&) = delete;
+};
 
 constexpr std::size_t kErrorCapacity = 1024;
 thread_local char last_error_text[kErrorCapacity] = "";
@@ -281,6 +300,8 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
 
   std::vector<std::int32_t> prompt;
   if (input.text != nullptr) {
+    // Checked before encoding: a tokenizer that adds BOS turns "" into one token.
+    if (input.text[0] == '\0') return fail(function, COLIBRI_ERR_INVALID_ARGUMENT, "the prompt is empty: give some text");
     EncodeOptions encode;
     encode.add_special_tokens = params.add_special_tokens != 0;
     encode.parse_special = params.parse_special != 0;
@@ -301,8 +322,11 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
 
   std::unique_lock<std::mutex> store_lock;
   std::shared_ptr<colibri::ExpertStore> store;
+  std::optional<StoreHolder> holder;
   if (model->store.load() != nullptr) {
+    if (holds_store(model)) return fail(function, COLIBRI_ERR_UNSUPPORTED, kReentrantStoreMessage);
     store_lock = std::unique_lock<std::mutex>(model->store_mutex);
+    holder.emplace(model);
     store = model->store.load();  // under the lock: the store this call drives alone
   }
   Session session(model->model, params.n_ctx, nullptr, Session::kDefaultPrefillBatch, store.get());
@@ -454,8 +478,10 @@ COLIBRI_API colibri_status colibri_load_model_with_memory(const char* path, cons
     case COLIBRI_WEIGHTS_AUTO: return load_model(fn, path, options, colibri::WeightsMemory::Auto, out);
     default:
       if (out != nullptr) *out = nullptr;
-      return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "memory must be COLIBRI_WEIGHTS_MAP, _COPY or _AUTO, got {}",
-                   memory);
+      return guarded(fn, [&] {  // failf formats, which may throw
+        return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "memory must be COLIBRI_WEIGHTS_MAP, _COPY or _AUTO, got {}",
+                     memory);
+      });
   }
 }
 
@@ -530,6 +556,7 @@ COLIBRI_API colibri_status colibri_model_enable_expert_cache(colibri_model* mode
                   "colibri-convert");
     auto opened = colibri::ExpertStore::open(model->model, std::move(store));
     if (!opened) return fail(fn, COLIBRI_ERR_LOAD, opened.error().message);
+    if (holds_store(model)) return fail(fn, COLIBRI_ERR_UNSUPPORTED, kReentrantStoreMessage);
     std::lock_guard lock(model->store_mutex);  // waits for the inferences driving the old store
     model->store.store(std::shared_ptr<colibri::ExpertStore>(std::move(*opened)));
     return COLIBRI_OK;

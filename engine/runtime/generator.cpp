@@ -133,7 +133,7 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
     if (step.stopped) output.finish = FinishReason::StopString;
     if (!tail.empty()) {
       output.text += tail;
-      if (on_text) on_text(tail);
+      if (on_text && !on_text(tail)) output.finish = FinishReason::Cancelled;
     }
   }
   return output;

@@ -817,6 +817,55 @@ TEST_F(CApi, ExpertStoreGeneratesTheSameTokens) {
   fs::remove(file);
 }
 
+// An on_text callback runs while its inference holds the model's expert store
+// (its bookkeeping is single-threaded): calling back into that model used to
+// lock the store's mutex a second time on the same thread and hang. Such calls
+// fail now, naming why; another inference on the model works after it.
+TEST_F(CApi, ACallbackCannotReenterTheModelDrivingItsExpertStore) {
+  const fs::path file = fs::temp_directory_path() / ("colibri_capi_reenter_" + std::to_string(getpid()) + ".colibri");
+  ASSERT_NO_FATAL_FAILURE(convert_int8("olmoe-tiny", file));
+  colibri_model* model = nullptr;
+  ASSERT_EQ(lib::colibri_load_model(file.c_str(), nullptr, &model), COLIBRI_OK) << last_error();
+  colibri_expert_cache_options options = lib::colibri_expert_cache_options_default();
+  options.budget_mb = 1;
+  options.io = COLIBRI_CACHE_IO_PREAD;
+  ASSERT_EQ(lib::colibri_model_enable_expert_cache(model, &options), COLIBRI_OK) << last_error();
+  struct Reentry {
+    colibri_model* model;
+    colibri_expert_cache_options options;
+    colibri_status inference = COLIBRI_OK, enable = COLIBRI_OK;
+    std::string message;
+  } reentry{model, options};
+  colibri_inference_params params = lib::colibri_inference_params_default();
+  params.max_tokens = 4;
+  params.ignore_eos = 1;
+  params.user_data = &reentry;
+  params.on_text = [](const char*, size_t, void* user) -> int {
+    auto* r = static_cast<Reentry*>(user);
+    colibri_result* inner = nullptr;
+    r->inference = lib::colibri_inference(r->model, "again", nullptr, &inner);
+    r->message = last_error();
+    lib::colibri_free_result(inner);
+    r->enable = lib::colibri_model_enable_expert_cache(r->model, &r->options);
+    return 0;
+  };
+  colibri_result* result = nullptr;
+  ASSERT_EQ(lib::colibri_inference(model, "The experts argue about routing.", &params, &result), COLIBRI_OK)
+      << last_error();
+  EXPECT_EQ(result->finish_reason, COLIBRI_FINISH_CANCELLED);
+  lib::colibri_free_result(result);
+  EXPECT_EQ(reentry.inference, COLIBRI_ERR_UNSUPPORTED);
+  EXPECT_NE(reentry.message.find("on_text callback"), std::string::npos) << reentry.message;
+  EXPECT_EQ(reentry.enable, COLIBRI_ERR_UNSUPPORTED);
+  result = nullptr;
+  EXPECT_EQ(lib::colibri_inference(model, "again", nullptr, &result),
+            COLIBRI_OK)
+      << last_error();
+  lib::colibri_free_result(result);
+  lib::colibri_unload_model(model);
+  fs::remove(file);
+}
+
 TEST_F(CApiModel, Info) {
   colibri_model_stats stats;
   std::memset(&stats, 0, sizeof stats);

@@ -58,6 +58,8 @@ def test_bad_cache_options_are_refused(olmoe_colibri, fixture_path):
         model.enable_expert_cache(8, io="disk")
     with pytest.raises(colibri.InvalidArgumentError):
         model.enable_expert_cache(0)
+    with pytest.raises(colibri.InvalidArgumentError, match="pinned contains a NUL"):
+        model.enable_expert_cache(8, pinned="0:1\x000:2")
     with pytest.raises(colibri.UnsupportedError):
         colibri.Model(fixture_path("olmoe-tiny")).enable_expert_cache(8)  # not a .colibri file
 

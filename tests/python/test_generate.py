@@ -113,6 +113,9 @@ def test_errors_are_exceptions_with_messages(mixtral, fixture_path):
         mixtral.generate("hi", top_p=0.0)
     with pytest.raises(colibri.InvalidArgumentError, match="max_tokens"):
         mixtral.generate("hi", max_tokens=-3)
+    # C reads a stop string up to a NUL: "a\0b" would have stopped at "a".
+    with pytest.raises(colibri.InvalidArgumentError, match=r"stop\[1\] contains a NUL"):
+        mixtral.generate("hi", stop=["fine", "a\0b"])
     with pytest.raises(colibri.OutOfRangeError, match="n_ctx"):
         mixtral.generate("hi", n_ctx=10**6)
     with pytest.raises(colibri.ContextFullError):
@@ -123,7 +126,7 @@ def test_errors_are_exceptions_with_messages(mixtral, fixture_path):
         mixtral.generate([51, 2**40])
     with pytest.raises(colibri.InvalidArgumentError):
         mixtral.generate([])
-    with pytest.raises(colibri.InvalidArgumentError, match="no tokens"):
+    with pytest.raises(colibri.InvalidArgumentError, match="the prompt is empty"):
         mixtral.generate("")
     with pytest.raises(colibri.OutOfRangeError, match="tokens\\[0\\]"):
         mixtral.detokenize([-1])

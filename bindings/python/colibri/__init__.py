@@ -499,6 +499,10 @@ class Model:
         if isinstance(stop, (str, bytes)):
             stop = [stop]
         encoded = [s.encode() if isinstance(s, str) else bytes(s) for s in stop]
+        for i, data in enumerate(encoded):
+            # C reads a stop string up to its first NUL: "a\0b" would stop at "a".
+            if b"\0" in data:
+                raise InvalidArgumentError(_ffi.ERR_INVALID_ARGUMENT, f"stop[{i}] contains a NUL character")
         stop_array = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
         if encoded:
             params.stop = ctypes.cast(stop_array, ctypes.POINTER(ctypes.c_char_p))
@@ -591,6 +595,8 @@ class Model:
         options.policy = _int32(policy, "policy")
         options.io = self._CACHE_IO[io]
         options.prefetch = self._CACHE_PREFETCH[prefetch]
+        if pinned and "\0" in pinned:
+            raise InvalidArgumentError(_ffi.ERR_INVALID_ARGUMENT, "pinned contains a NUL character")
         options.pinned_experts = pinned.encode() if pinned else None
         options.preload = self._CACHE_PRELOAD[preload]
         with self._exclusive_use("enable_expert_cache()"):

@@ -179,7 +179,10 @@ typedef struct colibri_load_options {
 COLIBRI_API colibri_load_options colibri_load_options_default(void);
 
 /* Loads a model from `path` (UTF-8, NUL-terminated):
- *   - a .colibri file (mapped in place),
+ *   - a .colibri file (mapped in place: truncating or rewriting the file in
+ *     place while it is loaded raises SIGBUS in the process at the next read
+ *     of a lost page; replace files by rename, or load with
+ *     COLIBRI_WEIGHTS_COPY),
  *   - a GGUF file (F32/F16/BF16, Q8_0, Q4_0..Q5_1 or Q2_K..Q6_K tensors, converted to f32),
  *   - a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
  *     tokenizer_config.json; converted to f32).
@@ -338,7 +341,10 @@ COLIBRI_API void colibri_free_text(char* text);
 /* Receives generated UTF-8 text as soon as it is complete (`text` is not
  * NUL-terminated; `len` bytes). Return nonzero to go on, 0 to stop: the
  * result then has finish_reason COLIBRI_FINISH_CANCELLED. Runs on the thread
- * that called colibri_inference, before it returns. */
+ * that called colibri_inference, before it returns. While a model has an
+ * expert cache, an inference drives its store until it returns: from the
+ * callback, colibri_inference* and colibri_model_enable_expert_cache on the
+ * same model fail with COLIBRI_ERR_UNSUPPORTED (other models are fine). */
 typedef int (*colibri_text_callback)(const char* text, size_t len, void* user_data);
 
 typedef struct colibri_inference_params {
