@@ -559,6 +559,97 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
   }
 }
 
+// Both planes, groups up to kQ8R16CombinedMaxGroup: the definition's exact
+// kResidualRatio * dot + lo is the dot of the weights with one int16
+// activation per column, 128 q + residual_q (|.| <= 127 * 128 + 64 < 2^15).
+// madd of the sign-extended weights with it takes 2 multiplies and 2 adds per
+// 32 weights and vector, where the sign trick takes 8 operations (sign,
+// maddubs, madd and add per plane): a prompt's q/k/v and down products are
+// bound by those operations, not by memory (Zen 3: 1.3-1.5x at 8-64 vectors,
+// docs/KERNELS.md). A lone vector still takes q8r16_int8_streams, which reads
+// from DRAM at the same speed either way (measured). Each row's column pairs
+// land in two neighbouring int32 lanes, added (exactly) once per group. Tiles
+// walk a group once per half block: two sums per vector and 4 vectors (6
+// ran slower).
+constexpr int32_t kQ8R16CombinedTile = 4;
+
+// Columns [begin, end) of x as 128 q + residual_q. end is a multiple of 4
+// (the chunks'); past the row's columns q and residual_q are zero.
+void combine_planes(const ActivationView& a, size_t begin, size_t end, int16_t* out) {
+  size_t c = begin;
+  for (; c + 16 <= end; c += 16) {
+    const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.q + c)));
+    const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.residual_q + c)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (c - begin)), _mm256_add_epi16(_mm256_slli_epi16(q, 7), lo));
+  }
+  for (; c < end; ++c) out[c - begin] = static_cast<int16_t>(a.q[c] * kResidualRatio + a.residual_q[c]);
+}
+
+// 4 int16 activations into every 64 bits: each row's two lanes meet columns c..c+3.
+__m256i broadcast4_int16(const int16_t* p) {
+  int64_t value;
+  std::memcpy(&value, p, 8);
+  return _mm256_set1_epi64x(value);
+}
+
+// Rows 0-3 and 4-7 of a half, two int32 lanes per row, into each row's sum in row order.
+__m256i row_sums(__m256i rows03, __m256i rows47) {
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(rows03, rows47), 0xD8);
+}
+
+void q8r16_combined(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                    int32_t row_end) {
+  const size_t cols = static_cast<size_t>(w.cols);
+  const size_t cols4 = (cols + 3) / 4 * 4;
+  const size_t group = static_cast<size_t>(w.group);
+  const int32_t groups = group_count(w.cols, w.group);
+  const auto* base = static_cast<const std::int8_t*>(w.data);
+  alignas(32) int16_t planes[kQ8R16CombinedTile][kQ8R16CombinedMaxGroup];
+  Q8R16Sums acc[kQ8R16Chunk];
+  for (int32_t first = 0; first < n; first += kQ8R16Chunk) {
+    const int32_t count = n - first < kQ8R16Chunk ? n - first : kQ8R16Chunk;
+    const ActivationView* const* xs = xq + first;
+    for (int32_t r0 = row_begin / kQ8R16Rows * kQ8R16Rows; r0 < row_end; r0 += kQ8R16Rows) {
+      const std::int8_t* block = base + static_cast<size_t>(r0) * cols4;
+      const float* block_scales = w.scales + static_cast<size_t>(r0) * static_cast<size_t>(groups);
+      for (int32_t v = 0; v < count; ++v) acc[v].half[0] = acc[v].half[1] = _mm256_setzero_ps();
+      for (int32_t g = 0; g < groups; ++g) {
+        const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols4, begin + group);
+        const float* ws = block_scales + static_cast<size_t>(g) * kQ8R16Rows;
+        _mm_prefetch(reinterpret_cast<const char*>(ws + kQ8R16Rows * static_cast<size_t>(groups)), _MM_HINT_T0);
+        q8r16_tiles<kQ8R16CombinedTile>(count, [&]<int NV>(int32_t v0) {
+          for (int v = 0; v < NV; ++v) combine_planes(*xs[v0 + v], begin, end, planes[v]);
+          for (int h = 0; h < 2; ++h) {
+            __m256i rows03[NV], rows47[NV];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) rows03[v] = rows47[v] = _mm256_setzero_si256();
+            for (size_t c = begin; c < end; c += 4) {
+              const std::int8_t* half = block + c * kQ8R16Rows + 32 * h;
+              if (v0 == 0 && h == 0) _mm_prefetch(reinterpret_cast<const char*>(half + kQ8R16Prefetch), _MM_HINT_T0);
+              const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half)));
+              const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half + 16)));
+#pragma GCC unroll 4
+              for (int v = 0; v < NV; ++v) {
+                const __m256i x = broadcast4_int16(planes[v] + (c - begin));
+                rows03[v] = _mm256_add_epi32(rows03[v], _mm256_madd_epi16(w03, x));
+                rows47[v] = _mm256_add_epi32(rows47[v], _mm256_madd_epi16(w47, x));
+              }
+            }
+            const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+              Q8R16Sums& sums = acc[v0 + v];
+              sums.half[h] = q8r16_scale_step(sums.half[h], row_sums(rows03[v], rows47[v]), w_scale,
+                                              xs[v0 + v]->residual_scales[g]);
+            }
+          }
+        });
+      }
+      for (int32_t v = 0; v < count; ++v) q8r16_store(y[first + v], r0, row_begin, row_end, acc[v]);
+    }
+  }
+}
+
 // One vector (decode): two distant runs of blocks read side by side, one
 // block of each per step, as on AVX-512 (one sequential stream per thread
 // reads well below the memory's rate). Each lane's arithmetic is
@@ -1286,6 +1377,8 @@ void matmat(const Matrix& w, int32_t n, const float* const* x, const ActivationV
       if (xq != nullptr) return q8_int8_matmat<false>(w, n, xq, y, row_begin, row_end);
       return q8_f32_matmat(w, n, x, y, row_begin, row_end);
     case WeightFormat::Q8R16:
+      if (xq != nullptr && residual && w.group <= kQ8R16CombinedMaxGroup)
+        return q8r16_combined(w, n, xq, y, row_begin, row_end);
       if (xq != nullptr && residual) return q8r16_int8<true>(w, n, xq, y, row_begin, row_end);
       if (xq != nullptr) return q8r16_int8<false>(w, n, xq, y, row_begin, row_end);
       return q8r16_f32(w, n, x, y, row_begin, row_end);
