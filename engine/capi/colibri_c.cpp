@@ -320,6 +320,12 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
     prompt.assign(input.ids.begin(), input.ids.end());
   }
 
+  // Refused before the store's lock and the session's KV cache are taken.
+  const auto room = static_cast<std::size_t>(Session::context_for(config, params.n_ctx));
+  if (prompt.size() > room)
+    return failf(function, COLIBRI_ERR_CONTEXT_FULL, "the prompt has {} tokens but the context holds {}",
+                 prompt.size(), room);
+
   std::unique_lock<std::mutex> store_lock;
   std::shared_ptr<colibri::ExpertStore> store;
   std::optional<StoreHolder> holder;
@@ -331,10 +337,6 @@ colibri_status run_inference(const char* function, const colibri_model* model, c
   }
   Session session(model->model, params.n_ctx, nullptr, Session::kDefaultPrefillBatch, store.get());
   if (params.exact_prompt != 0) session.set_prefill_activation_modes(std::nullopt);
-  const std::size_t room = static_cast<std::size_t>(session.max_context());
-  if (prompt.size() > room)
-    return failf(function, COLIBRI_ERR_CONTEXT_FULL, "the prompt has {} tokens but the context holds {}",
-                 prompt.size(), room);
   // The loop cannot produce more than room - prompt + 1 tokens; cap max_tokens
   // one above that so a huge request reserves nothing silly and still finishes
   // with ContextFull, exactly as the uncapped loop would.
@@ -662,17 +664,26 @@ COLIBRI_API colibri_status colibri_detokenize(const colibri_model* model, const 
     if (tokens == nullptr && n_tokens > 0) return fail(fn, COLIBRI_ERR_NULL_POINTER, "tokens is NULL");
     if (text_out == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "text_out is NULL");
     if (text_len_out == nullptr) return fail(fn, COLIBRI_ERR_NULL_POINTER, "text_len_out is NULL");
-    constexpr uint32_t known = COLIBRI_DETOKENIZE_SKIP_SPECIAL;
-    if ((flags & ~known) != 0)
-      return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "unknown flag bits {:#x} (known: {:#x})", flags & ~known, known);
+    constexpr uint32_t known_flags = COLIBRI_DETOKENIZE_SKIP_SPECIAL;
+    if ((flags & ~known_flags) != 0)
+      return failf(fn, COLIBRI_ERR_INVALID_ARGUMENT, "unknown flag bits {:#x} (known: {:#x})", flags & ~known_flags,
+                   known_flags);
     const colibri::Tokenizer& tokenizer = model->model->tokenizer();
+    const int32_t vocab = model->model->config().vocab;
     std::span<const int32_t> ids(tokens, n_tokens);
     for (std::size_t i = 0; i < n_tokens; ++i) {
-      if (ids[i] < 0 || ids[i] >= tokenizer.vocab_size())
+      if (ids[i] < 0 || ids[i] >= vocab)
         return failf(fn, COLIBRI_ERR_OUT_OF_RANGE, "tokens[{}] = {} is outside the vocabulary [0, {})", i, ids[i],
-                     tokenizer.vocab_size());
+                     vocab);
     }
-    auto text = tokenizer.decode(ids, (flags & COLIBRI_DETOKENIZE_SKIP_SPECIAL) != 0);
+    // Ids the model has and its tokenizer does not (an embedding padded past
+    // the vocabulary, as Qwen's: 151936 rows, 151665 tokens) can be generated;
+    // they are left out, as Hugging Face's decode and the server's echo do.
+    std::vector<int32_t> known;
+    known.reserve(n_tokens);
+    for (const int32_t id : ids)
+      if (id < tokenizer.vocab_size()) known.push_back(id);
+    auto text = tokenizer.decode(known, (flags & COLIBRI_DETOKENIZE_SKIP_SPECIAL) != 0);
     if (!text) return fail(fn, COLIBRI_ERR_OUT_OF_RANGE, text.error().message);  // an id the vocabulary skips
     std::unique_ptr<char[]> buffer(new char[text->size() + 1]);
     std::memcpy(buffer.get(), text->data(), text->size());

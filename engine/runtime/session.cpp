@@ -12,12 +12,15 @@ std::optional<ActivationModes> activation_preset(std::string_view name) {
   return std::nullopt;
 }
 
+std::int32_t Session::context_for(const ModelConfig& config, std::int32_t max_context) {
+  return max_context > 0 ? std::min(max_context, config.max_positions) : std::min(config.max_positions, kDefaultMaxContext);
+}
+
 Session::Session(std::shared_ptr<const Model> model, std::int32_t max_context, ThreadTeam* team,
                  std::int32_t prefill_batch, ExpertStore* store, KvCacheType kv_cache)
     : model_(std::move(model)) {
   const ModelConfig& c = model_->config();
-  max_context_ = max_context > 0 ? std::min(max_context, c.max_positions)
-                                 : std::min(c.max_positions, kDefaultMaxContext);
+  max_context_ = context_for(c, max_context);
   const std::size_t kv_dim = static_cast<std::size_t>(c.n_kv_heads) * c.head_dim;
   const std::size_t kv_elements = static_cast<std::size_t>(c.n_layers) * max_context_ * kv_dim;
   kv_type_ = resolve_kv_cache_type(kv_cache, *model_);

@@ -97,6 +97,9 @@ class Session {
   // max_context: positions the KV cache holds; 0 means the model's maximum,
   // capped at kDefaultMaxContext.
   static constexpr std::int32_t kDefaultMaxContext = 4096;
+  // The positions a Session built with `max_context` holds, without building
+  // one (its KV cache is the allocation a caller may want to skip).
+  static std::int32_t context_for(const ModelConfig& config, std::int32_t max_context);
   // Most tokens prefill() runs through the layers together. A prompt up to
   // this long is one pass, so each routed expert's weights are read once for
   // the whole prompt (with 32-token passes a 128-token prompt of an 8-of-64

@@ -833,7 +833,7 @@ TEST_F(CApi, ACallbackCannotReenterTheModelDrivingItsExpertStore) {
   struct Reentry {
     colibri_model* model;
     colibri_expert_cache_options options;
-    colibri_status inference = COLIBRI_OK, enable = COLIBRI_OK;
+    colibri_status inference = COLIBRI_OK, enable = COLIBRI_OK, too_long = COLIBRI_OK;
     std::string message;
   } reentry{model, options};
   colibri_inference_params params = lib::colibri_inference_params_default();
@@ -847,6 +847,13 @@ TEST_F(CApi, ACallbackCannotReenterTheModelDrivingItsExpertStore) {
     r->message = last_error();
     lib::colibri_free_result(inner);
     r->enable = lib::colibri_model_enable_expert_cache(r->model, &r->options);
+    // A prompt longer than the context is refused before the store is
+    // taken: it got UNSUPPORTED here (and, from another thread, waited for
+    // the running inference) before being refused.
+    colibri_inference_params small = lib::colibri_inference_params_default();
+    small.n_ctx = 4;
+    r->too_long = lib::colibri_inference(r->model, "a prompt of more than four tokens", &small, &inner);
+    lib::colibri_free_result(inner);
     return 0;
   };
   colibri_result* result = nullptr;
@@ -857,6 +864,7 @@ TEST_F(CApi, ACallbackCannotReenterTheModelDrivingItsExpertStore) {
   EXPECT_EQ(reentry.inference, COLIBRI_ERR_UNSUPPORTED);
   EXPECT_NE(reentry.message.find("on_text callback"), std::string::npos) << reentry.message;
   EXPECT_EQ(reentry.enable, COLIBRI_ERR_UNSUPPORTED);
+  EXPECT_EQ(reentry.too_long, COLIBRI_ERR_CONTEXT_FULL);
   result = nullptr;
   EXPECT_EQ(lib::colibri_inference(model, "again", nullptr, &result),
             COLIBRI_OK)
@@ -986,6 +994,15 @@ TEST_F(CApiModel, DetokenizeErrors) {
                 "colibri_detokenize");
   EXPECT_STATUS(COLIBRI_ERR_INVALID_ARGUMENT, lib::colibri_detokenize(model_, good, 2, 2, &text, &len),
                 "colibri_detokenize");
+  // 510 is inside the model's embedding (512 rows) and past its tokenizer's
+  // 509 ids: left out, as Hugging Face's decode does; it was an error.
+  const int32_t padded[] = {51, 510, 459};
+  ASSERT_EQ(lib::colibri_detokenize(model_, good, 2, 0, &text, &len), COLIBRI_OK) << last_error();
+  const std::string without(text, len);
+  lib::colibri_free_text(text);
+  ASSERT_EQ(lib::colibri_detokenize(model_, padded, 3, 0, &text, &len), COLIBRI_OK) << last_error();
+  EXPECT_EQ(std::string(text, len), without);
+  lib::colibri_free_text(text);
   EXPECT_STATUS(COLIBRI_OK, lib::colibri_detokenize(model_, nullptr, 0, 0, &text, &len), "colibri_detokenize");
   ASSERT_NE(text, nullptr);
   EXPECT_EQ(len, 0u);

@@ -325,9 +325,11 @@ COLIBRI_API void colibri_free_tokens(int32_t* tokens);
 
 /* Decodes `n_tokens` ids into NUL-terminated UTF-8 text the library allocates:
  * *text_out (free it with colibri_free_text), *text_len_out bytes before the
- * NUL. `tokens` may be NULL only when n_tokens is 0.
+ * NUL. `tokens` may be NULL only when n_tokens is 0. Ids the model has and
+ * its tokenizer does not (an embedding padded past the tokenizer's
+ * vocabulary, as Qwen's) are left out, as Hugging Face's decode does.
  * Errors: NULL_POINTER, INVALID_ARGUMENT (unknown flag bits), OUT_OF_RANGE
- * (an id outside [0, vocab)), OUT_OF_MEMORY. */
+ * (an id outside [0, colibri_model_stats.vocab)), OUT_OF_MEMORY. */
 COLIBRI_API colibri_status colibri_detokenize(const colibri_model* model, const int32_t* tokens, size_t n_tokens,
                                               uint32_t flags, char** text_out, size_t* text_len_out);
 
