@@ -495,20 +495,27 @@ __m256 q8r16_planes_step(__m256 acc, __m256i dot, __m256i lo, __m256 w_scale, co
   return q8r16_scale_step(q8r16_scale_step(acc, dot, w_scale, a.scales[g]), lo, w_scale, a.residual_scales[g]);
 }
 
-// int8 activations, with the sign trick of q8_int8_matvec. Columns past
+// One group of one 16-row block, as the int8 kernels' tiles see it.
+struct Q8R16Group {
+  const std::int8_t* block;  // the block's first chunk
+  const float* scales;       // the group's 16 row scales
+  size_t begin, end;         // its columns; end is a multiple of 4 (whole chunks)
+  int32_t g;
+};
+
+// The walk the int8 kernels share: chunks of up to kQ8R16Chunk vectors,
+// 16-row blocks, groups in order, and per group tiles of up to kTile vectors:
+// tile<NV>(group, vectors, their sums, first) adds the group's steps to the
+// sums (`first`: the group's first tile, which prefetches). Columns past
 // `cols` up to the chunk's end are zero in the weights (and in q, which is
 // zero-padded to 128), so whole chunks are exact.
-template <bool Residual>
-void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
-                int32_t row_end) {
-  constexpr int32_t kTile = Residual ? kQ8R16ResidualTile : kQ8R16Int8Tile;
-  const size_t cols = static_cast<size_t>(w.cols);
-  const size_t cols4 = (cols + 3) / 4 * 4;
+template <int kTile, class Tile>
+void q8r16_walk(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                int32_t row_end, const Tile& tile) {
+  const size_t cols4 = (static_cast<size_t>(w.cols) + 3) / 4 * 4;
   const size_t group = static_cast<size_t>(w.group);
   const int32_t groups = group_count(w.cols, w.group);
   const auto* base = static_cast<const std::int8_t*>(w.data);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const bool combined = w.group <= kQ8R16CombinedMaxGroup;
   Q8R16Sums acc[kQ8R16Chunk];
   for (int32_t first = 0; first < n; first += kQ8R16Chunk) {
     const int32_t count = n - first < kQ8R16Chunk ? n - first : kQ8R16Chunk;
@@ -518,45 +525,58 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
       const float* block_scales = w.scales + static_cast<size_t>(r0) * static_cast<size_t>(groups);
       for (int32_t v = 0; v < count; ++v) acc[v].half[0] = acc[v].half[1] = _mm256_setzero_ps();
       for (int32_t g = 0; g < groups; ++g) {
-        const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols, begin + group);
-        const float* ws = block_scales + static_cast<size_t>(g) * kQ8R16Rows;
+        const size_t begin = static_cast<size_t>(g) * group;
+        const Q8R16Group at{block, block_scales + static_cast<size_t>(g) * kQ8R16Rows, begin,
+                            min_size(cols4, begin + group), g};
         // The scale plane is a second stream: its line for this group in the next block.
-        _mm_prefetch(reinterpret_cast<const char*>(ws + kQ8R16Rows * static_cast<size_t>(groups)), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(at.scales + kQ8R16Rows * static_cast<size_t>(groups)), _MM_HINT_T0);
         q8r16_tiles<kTile>(count, [&]<int NV>(int32_t v0) {
-          __m256i dot[NV][2], lo[NV][2];
-#pragma GCC unroll 4
-          for (int v = 0; v < NV; ++v) dot[v][0] = dot[v][1] = lo[v][0] = lo[v][1] = _mm256_setzero_si256();
-          for (size_t c = begin; c < end; c += 4) {
-            const std::int8_t* chunk = block + c * kQ8R16Rows;
-            if (v0 == 0) _mm_prefetch(reinterpret_cast<const char*>(chunk + kQ8R16Prefetch), _MM_HINT_T0);
-            for (int h = 0; h < 2; ++h) {
-              const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
-              const __m256i magnitude = _mm256_abs_epi8(wv);
-#pragma GCC unroll 4
-              for (int v = 0; v < NV; ++v) {
-                dot[v][h] = q8r16_dot4(dot[v][h], wv, magnitude, broadcast4(xs[v0 + v]->q + c), ones);
-                if constexpr (Residual)
-                  lo[v][h] = q8r16_dot4(lo[v][h], wv, magnitude, broadcast4(xs[v0 + v]->residual_q + c), ones);
-              }
-            }
-          }
-#pragma GCC unroll 4
-          for (int v = 0; v < NV; ++v) {
-            const ActivationView& a = *xs[v0 + v];
-            Q8R16Sums& sums = acc[v0 + v];
-            for (int h = 0; h < 2; ++h) {
-              const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
-              if constexpr (Residual)
-                sums.half[h] = q8r16_planes_step(sums.half[h], dot[v][h], lo[v][h], w_scale, a, g, combined);
-              else
-                sums.half[h] = q8r16_scale_step(sums.half[h], dot[v][h], w_scale, a.scales[g]);
-            }
-          }
+          tile.template operator()<NV>(at, xs + v0, acc + v0, v0 == 0);
         });
       }
       for (int32_t v = 0; v < count; ++v) q8r16_store(y[first + v], r0, row_begin, row_end, acc[v]);
     }
   }
+}
+
+// int8 activations, with the sign trick of q8_int8_matvec.
+template <bool Residual>
+void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                int32_t row_end) {
+  constexpr int32_t kTile = Residual ? kQ8R16ResidualTile : kQ8R16Int8Tile;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const bool combined = w.group <= kQ8R16CombinedMaxGroup;
+  auto tile = [&]<int NV>(const Q8R16Group& at, const ActivationView* const* xs, Q8R16Sums* sums, bool first) {
+    __m256i dot[NV][2], lo[NV][2];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) dot[v][0] = dot[v][1] = lo[v][0] = lo[v][1] = _mm256_setzero_si256();
+    for (size_t c = at.begin; c < at.end; c += 4) {
+      const std::int8_t* chunk = at.block + c * kQ8R16Rows;
+      if (first) _mm_prefetch(reinterpret_cast<const char*>(chunk + kQ8R16Prefetch), _MM_HINT_T0);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
+        const __m256i magnitude = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+          dot[v][h] = q8r16_dot4(dot[v][h], wv, magnitude, broadcast4(xs[v]->q + c), ones);
+          if constexpr (Residual)
+            lo[v][h] = q8r16_dot4(lo[v][h], wv, magnitude, broadcast4(xs[v]->residual_q + c), ones);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const ActivationView& a = *xs[v];
+      for (int h = 0; h < 2; ++h) {
+        const __m256 w_scale = _mm256_loadu_ps(at.scales + 8 * h);
+        if constexpr (Residual)
+          sums[v].half[h] = q8r16_planes_step(sums[v].half[h], dot[v][h], lo[v][h], w_scale, a, at.g, combined);
+        else
+          sums[v].half[h] = q8r16_scale_step(sums[v].half[h], dot[v][h], w_scale, a.scales[at.g]);
+      }
+    }
+  };
+  q8r16_walk<kTile>(w, n, xq, y, row_begin, row_end, tile);
 }
 
 // Both planes, groups up to kQ8R16CombinedMaxGroup: the definition's exact
@@ -565,7 +585,7 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
 // madd of the sign-extended weights with it takes 2 multiplies and 2 adds per
 // 32 weights and vector, where the sign trick takes 8 operations (sign,
 // maddubs, madd and add per plane): a prompt's q/k/v and down products are
-// bound by those operations, not by memory (Zen 3: 1.3-1.5x at 8-64 vectors,
+// bound by those operations, not by memory (Zen 3: 1.5-1.7x at 8-64 vectors,
 // docs/KERNELS.md). A lone vector still takes q8r16_int8_streams, which reads
 // from DRAM at the same speed either way (measured). Each row's column pairs
 // land in two neighbouring int32 lanes, added (exactly) once per group. Tiles
@@ -599,55 +619,33 @@ __m256i row_sums(__m256i rows03, __m256i rows47) {
 
 void q8r16_combined(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
                     int32_t row_end) {
-  const size_t cols = static_cast<size_t>(w.cols);
-  const size_t cols4 = (cols + 3) / 4 * 4;
-  const size_t group = static_cast<size_t>(w.group);
-  const int32_t groups = group_count(w.cols, w.group);
-  const auto* base = static_cast<const std::int8_t*>(w.data);
   alignas(32) int16_t planes[kQ8R16CombinedTile][kQ8R16CombinedMaxGroup];
-  Q8R16Sums acc[kQ8R16Chunk];
-  for (int32_t first = 0; first < n; first += kQ8R16Chunk) {
-    const int32_t count = n - first < kQ8R16Chunk ? n - first : kQ8R16Chunk;
-    const ActivationView* const* xs = xq + first;
-    for (int32_t r0 = row_begin / kQ8R16Rows * kQ8R16Rows; r0 < row_end; r0 += kQ8R16Rows) {
-      const std::int8_t* block = base + static_cast<size_t>(r0) * cols4;
-      const float* block_scales = w.scales + static_cast<size_t>(r0) * static_cast<size_t>(groups);
-      for (int32_t v = 0; v < count; ++v) acc[v].half[0] = acc[v].half[1] = _mm256_setzero_ps();
-      for (int32_t g = 0; g < groups; ++g) {
-        const size_t begin = static_cast<size_t>(g) * group, end = min_size(cols4, begin + group);
-        const float* ws = block_scales + static_cast<size_t>(g) * kQ8R16Rows;
-        _mm_prefetch(reinterpret_cast<const char*>(ws + kQ8R16Rows * static_cast<size_t>(groups)), _MM_HINT_T0);
-        q8r16_tiles<kQ8R16CombinedTile>(count, [&]<int NV>(int32_t v0) {
-          for (int v = 0; v < NV; ++v) combine_planes(*xs[v0 + v], begin, end, planes[v]);
-          for (int h = 0; h < 2; ++h) {
-            __m256i rows03[NV], rows47[NV];
+  auto tile = [&]<int NV>(const Q8R16Group& at, const ActivationView* const* xs, Q8R16Sums* sums, bool first) {
+    for (int v = 0; v < NV; ++v) combine_planes(*xs[v], at.begin, at.end, planes[v]);
+    for (int h = 0; h < 2; ++h) {
+      __m256i rows03[NV], rows47[NV];
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) rows03[v] = rows47[v] = _mm256_setzero_si256();
-            for (size_t c = begin; c < end; c += 4) {
-              const std::int8_t* half = block + c * kQ8R16Rows + 32 * h;
-              if (v0 == 0 && h == 0) _mm_prefetch(reinterpret_cast<const char*>(half + kQ8R16Prefetch), _MM_HINT_T0);
-              const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half)));
-              const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half + 16)));
+      for (int v = 0; v < NV; ++v) rows03[v] = rows47[v] = _mm256_setzero_si256();
+      for (size_t c = at.begin; c < at.end; c += 4) {
+        const std::int8_t* half = at.block + c * kQ8R16Rows + 32 * h;
+        if (first && h == 0) _mm_prefetch(reinterpret_cast<const char*>(half + kQ8R16Prefetch), _MM_HINT_T0);
+        const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half)));
+        const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half + 16)));
 #pragma GCC unroll 4
-              for (int v = 0; v < NV; ++v) {
-                const __m256i x = broadcast4_int16(planes[v] + (c - begin));
-                rows03[v] = _mm256_add_epi32(rows03[v], _mm256_madd_epi16(w03, x));
-                rows47[v] = _mm256_add_epi32(rows47[v], _mm256_madd_epi16(w47, x));
-              }
-            }
-            const __m256 w_scale = _mm256_loadu_ps(ws + 8 * h);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) {
-              Q8R16Sums& sums = acc[v0 + v];
-              sums.half[h] = q8r16_scale_step(sums.half[h], row_sums(rows03[v], rows47[v]), w_scale,
-                                              xs[v0 + v]->residual_scales[g]);
-            }
-          }
-        });
+        for (int v = 0; v < NV; ++v) {
+          const __m256i x = broadcast4_int16(planes[v] + (c - at.begin));
+          rows03[v] = _mm256_add_epi32(rows03[v], _mm256_madd_epi16(w03, x));
+          rows47[v] = _mm256_add_epi32(rows47[v], _mm256_madd_epi16(w47, x));
+        }
       }
-      for (int32_t v = 0; v < count; ++v) q8r16_store(y[first + v], r0, row_begin, row_end, acc[v]);
+      const __m256 w_scale = _mm256_loadu_ps(at.scales + 8 * h);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v)
+        sums[v].half[h] =
+            q8r16_scale_step(sums[v].half[h], row_sums(rows03[v], rows47[v]), w_scale, xs[v]->residual_scales[at.g]);
     }
-  }
+  };
+  q8r16_walk<kQ8R16CombinedTile>(w, n, xq, y, row_begin, row_end, tile);
 }
 
 // One vector (decode): two distant runs of blocks read side by side, one
