@@ -1577,6 +1577,16 @@ __m256 load_kv8(const std::uint16_t* p, size_t len) {
   return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(buffer)));
 }
 
+// A head's cached rows are `stride` elements apart (all KV heads of a
+// position are one row), too far apart for the hardware prefetcher: each
+// row's lines are requested kPositionsAhead positions early, as on AVX-512.
+constexpr int32_t kPositionsAhead = 8;
+
+template <class T>
+inline void prefetch_row(const T* row, size_t dim) {
+  for (size_t b = 0; b < dim * sizeof(T); b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+}
+
 template <class T>
 void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_positions, int32_t head_dim,
                       float scale, float* scores) {
@@ -1584,7 +1594,11 @@ void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_po
   auto block = [&]<int NP>(int32_t p0) {
     __m256 acc[NP];
 #pragma GCC unroll 4
-    for (int k = 0; k < NP; ++k) acc[k] = _mm256_setzero_ps();
+    for (int k = 0; k < NP; ++k) {
+      acc[k] = _mm256_setzero_ps();
+      if (p0 + k + kPositionsAhead < n_positions)
+        prefetch_row(keys + (static_cast<size_t>(p0) + k + kPositionsAhead) * stride, dim);
+    }
     for (size_t i = 0; i < dim; i += 8) {
       const __m256 qv = load8(q + i, dim - i);
 #pragma GCC unroll 4
@@ -1599,14 +1613,17 @@ void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_po
   for (; p < n_positions; ++p) block.template operator()<1>(p);
 }
 
+// Output in slices of up to 64 floats held in eight registers while all
+// positions stream through (a 128-wide head reads each row twice).
 template <class T>
 void attention_values(const float* weights, const T* values, size_t stride, int32_t n_positions, int32_t head_dim,
                       float* out) {
+  constexpr int kSlice = 8;  // registers
   const size_t dim = static_cast<size_t>(head_dim);
-  for (size_t i = 0; i < dim; i += 32) {
-    size_t len[4];
-    __m256 acc[4];
-    for (int k = 0; k < 4; ++k) {
+  for (size_t i = 0; i < dim; i += 8 * kSlice) {
+    size_t len[kSlice];
+    __m256 acc[kSlice];
+    for (int k = 0; k < kSlice; ++k) {
       const size_t at = i + 8 * static_cast<size_t>(k);
       len[k] = at < dim ? dim - at : 0;
       acc[k] = _mm256_setzero_ps();
@@ -1614,10 +1631,12 @@ void attention_values(const float* weights, const T* values, size_t stride, int3
     for (int32_t p = 0; p < n_positions; ++p) {
       const __m256 wp = _mm256_set1_ps(weights[p]);
       const T* v = values + static_cast<size_t>(p) * stride + i;
-      for (int k = 0; k < 4; ++k)
+      if (p + kPositionsAhead < n_positions) prefetch_row(v + kPositionsAhead * stride, min_size(8 * kSlice, dim - i));
+#pragma GCC unroll 8
+      for (int k = 0; k < kSlice; ++k)
         if (len[k] > 0) acc[k] = _mm256_fmadd_ps(wp, load_kv8(v + 8 * k, len[k]), acc[k]);
     }
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < kSlice; ++k)
       if (len[k] > 0) store8(out + i + 8 * k, len[k], acc[k]);
   }
 }
