@@ -75,15 +75,9 @@ TokenBytes token_bytes_of(const ActiveJob& job) {
 std::string echo_text(const ActiveJob& job, const GenerationRequest& request) {
   if (!request.echo) return {};
   if (!request.prompt_tokens) return request.prompt;
-  // Ids the model has and its tokenizer does not (an embedding padded past
-  // the vocabulary, as Qwen's are) are left out, as Hugging Face's decode
-  // does: they made the whole echo empty.
-  const Tokenizer& tokenizer = job.generation->model->tokenizer();
-  std::vector<std::int32_t> known;
-  known.reserve(request.prompt_tokens->size());
-  for (const std::int32_t id : *request.prompt_tokens)
-    if (id < tokenizer.vocab_size()) known.push_back(id);
-  auto text = tokenizer.decode(known);
+  // Ids the model has and its tokenizer does not are left out: they made the
+  // whole echo empty.
+  auto text = job.generation->model->tokenizer().decode_model_ids(*request.prompt_tokens);
   return text ? utf8_lossy(*text) : std::string();
 }
 

@@ -676,14 +676,8 @@ COLIBRI_API colibri_status colibri_detokenize(const colibri_model* model, const 
         return failf(fn, COLIBRI_ERR_OUT_OF_RANGE, "tokens[{}] = {} is outside the vocabulary [0, {})", i, ids[i],
                      vocab);
     }
-    // Ids the model has and its tokenizer does not (an embedding padded past
-    // the vocabulary, as Qwen's: 151936 rows, 151665 tokens) can be generated;
-    // they are left out, as Hugging Face's decode and the server's echo do.
-    std::vector<int32_t> known;
-    known.reserve(n_tokens);
-    for (const int32_t id : ids)
-      if (id < tokenizer.vocab_size()) known.push_back(id);
-    auto text = tokenizer.decode(known, (flags & COLIBRI_DETOKENIZE_SKIP_SPECIAL) != 0);
+    // Ids the model has and its tokenizer does not can be generated: left out.
+    auto text = tokenizer.decode_model_ids(ids, (flags & COLIBRI_DETOKENIZE_SKIP_SPECIAL) != 0);
     if (!text) return fail(fn, COLIBRI_ERR_OUT_OF_RANGE, text.error().message);  // an id the vocabulary skips
     std::unique_ptr<char[]> buffer(new char[text->size() + 1]);
     std::memcpy(buffer.get(), text->data(), text->size());

@@ -1592,11 +1592,17 @@ inline void prefetch_row(const T* row, size_t dim) {
   for (size_t b = 0; b < dim * sizeof(T); b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
 }
 
+// Positions before this one prefetch the row kPositionsAhead after them.
+template <class T>
+int32_t prefetching_positions(size_t stride, int32_t n_positions) {
+  return stride * sizeof(T) >= kPrefetchMinRowBytes ? n_positions - kPositionsAhead : 0;
+}
+
 template <class T>
 void attention_scores(const float* q, const T* keys, size_t stride, int32_t n_positions, int32_t head_dim,
                       float scale, float* scores) {
   const size_t dim = static_cast<size_t>(head_dim);
-  const int32_t prefetch_end = stride * sizeof(T) >= kPrefetchMinRowBytes ? n_positions - kPositionsAhead : 0;
+  const int32_t prefetch_end = prefetching_positions<T>(stride, n_positions);
   auto block = [&]<int NP>(int32_t p0) {
     __m256 acc[NP];
 #pragma GCC unroll 4
@@ -1625,7 +1631,7 @@ template <class T>
 void attention_values(const float* weights, const T* values, size_t stride, int32_t n_positions, int32_t head_dim,
                       float* out) {
   const size_t dim = static_cast<size_t>(head_dim);
-  const int32_t prefetch_end = stride * sizeof(T) >= kPrefetchMinRowBytes ? n_positions - kPositionsAhead : 0;
+  const int32_t prefetch_end = prefetching_positions<T>(stride, n_positions);
   auto slice = [&]<int NS>(size_t i) {
     size_t len[NS];
     __m256 acc[NS];

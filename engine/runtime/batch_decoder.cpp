@@ -62,8 +62,7 @@ BatchDecoder::BatchDecoder(std::shared_ptr<const Model> model, std::int32_t capa
                            std::int32_t max_context, ExpertStore* store)
     : model_(std::move(model)), capacity_(std::max(capacity, 1)), team_(team), store_(store) {
   const ModelConfig& c = model_->config();
-  max_context_ = max_context > 0 ? std::min(max_context, c.max_positions)
-                                 : std::min(c.max_positions, Session::kDefaultMaxContext);
+  max_context_ = Session::context_for(c, max_context);
   const std::int32_t q_dim = c.n_heads * c.head_dim;
   const std::int32_t top_k = std::max(c.top_k, 0);
   blocks_ = std::max(top_k, 1) + 1;

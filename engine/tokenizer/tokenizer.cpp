@@ -107,6 +107,14 @@ Result<std::string> Tokenizer::decode(std::span<const std::int32_t> ids, bool sk
   return out;
 }
 
+Result<std::string> Tokenizer::decode_model_ids(std::span<const std::int32_t> ids, bool skip_special) const {
+  std::vector<std::int32_t> known;
+  known.reserve(ids.size());
+  for (const std::int32_t id : ids)
+    if (id < impl_->vocab_size) known.push_back(id);
+  return decode(known, skip_special);
+}
+
 std::string Tokenizer::token_bytes(std::int32_t id) const {
   const std::string* content = impl_->token_content(id);
   if (content == nullptr) return {};

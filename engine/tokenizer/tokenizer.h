@@ -46,6 +46,10 @@ class Tokenizer {
   Result<std::vector<std::int32_t>> encode(std::string_view text, const EncodeOptions& options = {}) const;
   // Errors naming the id when an id is not in the vocabulary.
   Result<std::string> decode(std::span<const std::int32_t> ids, bool skip_special = false) const;
+  // decode() of ids a model produced or was given: ids at or past vocab_size()
+  // (an embedding padded past the vocabulary, as Qwen's: 151936 rows, 151665
+  // tokens) are left out, as Hugging Face's decode leaves them.
+  Result<std::string> decode_model_ids(std::span<const std::int32_t> ids, bool skip_special = false) const;
 
   // Raw bytes of one token's piece as it reads mid-text (may be partial UTF-8; e.g.
   // "▁the" -> " the", "<0xE2>" -> "\xE2"). Empty if the id is out of range.
