@@ -427,10 +427,11 @@ void q4_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin,
 // ahead, as the row-major kernels ask, did as well there but cost a quarter
 // of the speed on an L3-resident matrix.
 //
-// Tiles hold 8 int32 dot (or f32 partial) registers. sign, maddubs and madd
-// share two pipes on the CPU measured (Zen 5), which bounds the int8 kernels;
-// larger tiles only spilled.
-constexpr int32_t kQ8R16Int8Tile = 4;
+// The two-plane and f32 tiles hold 8 int32 dot (or f32 partial) registers.
+// sign, maddubs and madd share two pipes on the CPU measured (Zen 5), which
+// bounds the int8 kernels; larger tiles only spilled. The one-plane tile
+// (q8r16_one_plane) holds one register per vector.
+constexpr int32_t kQ8R16Int8Tile = 6;
 constexpr int32_t kQ8R16ResidualTile = 2;
 constexpr int32_t kQ8R16F32Tile = 4;
 constexpr int32_t kQ8R16Chunk = 64;  // vectors whose sums wait on the stack at once
@@ -495,55 +496,101 @@ __m256 q8r16_planes_step(__m256 acc, __m256i dot, __m256i lo, __m256 w_scale, co
   return q8r16_scale_step(q8r16_scale_step(acc, dot, w_scale, a.scales[g]), lo, w_scale, a.residual_scales[g]);
 }
 
-// One group of one 16-row block, as the int8 kernels' tiles see it.
+// One group of a panel of 16-row blocks, as the int8 kernels' tiles see it.
 struct Q8R16Group {
-  const std::int8_t* block;  // the block's first chunk
-  const float* scales;       // the group's 16 row scales
+  const std::int8_t* block;  // the first block's first chunk
+  const float* scales;       // the group's 16 row scales in the first block
   size_t begin, end;         // its columns; end is a multiple of 4 (whole chunks)
   int32_t g;
+  int32_t blocks;             // in the panel, each block_stride bytes and scale_stride scales after the last
+  size_t block_stride, scale_stride;
 };
 
 // The walk the int8 kernels share: chunks of up to kQ8R16Chunk vectors,
-// 16-row blocks, groups in order, and per group tiles of up to kTile vectors:
-// tile<NV>(group, vectors, their sums, first) adds the group's steps to the
-// sums (`first`: the group's first tile, which prefetches). Columns past
-// `cols` up to the chunk's end are zero in the weights (and in q, which is
-// zero-padded to 128), so whole chunks are exact.
-template <int kTile, class Tile>
+// panels of up to kPanel 16-row blocks, groups in order, and per group tiles
+// of up to kTile vectors: tile<NV>(group, vectors, their sums, first) adds
+// the group's steps to the sums of every block of the panel (block b's at
+// sums[b * kQ8R16Chunk + v]; `first`: the group's first tile, which
+// prefetches). Columns past `cols` up to the chunk's end are zero in the
+// weights (and in q, which is zero-padded to 128), so whole chunks are exact.
+template <int kTile, int kPanel = 1, class Tile>
 void q8r16_walk(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
                 int32_t row_end, const Tile& tile) {
   const size_t cols4 = (static_cast<size_t>(w.cols) + 3) / 4 * 4;
   const size_t group = static_cast<size_t>(w.group);
   const int32_t groups = group_count(w.cols, w.group);
+  const size_t block_stride = kQ8R16Rows * cols4;
+  const size_t scale_stride = kQ8R16Rows * static_cast<size_t>(groups);
   const auto* base = static_cast<const std::int8_t*>(w.data);
-  Q8R16Sums acc[kQ8R16Chunk];
+  Q8R16Sums acc[kPanel * kQ8R16Chunk];
   for (int32_t first = 0; first < n; first += kQ8R16Chunk) {
     const int32_t count = n - first < kQ8R16Chunk ? n - first : kQ8R16Chunk;
     const ActivationView* const* xs = xq + first;
-    for (int32_t r0 = row_begin / kQ8R16Rows * kQ8R16Rows; r0 < row_end; r0 += kQ8R16Rows) {
+    for (int32_t r0 = row_begin / kQ8R16Rows * kQ8R16Rows; r0 < row_end; r0 += kPanel * kQ8R16Rows) {
+      const int32_t left = (row_end - r0 + kQ8R16Rows - 1) / kQ8R16Rows;
+      const int32_t blocks = left < kPanel ? left : kPanel;
       const std::int8_t* block = base + static_cast<size_t>(r0) * cols4;
       const float* block_scales = w.scales + static_cast<size_t>(r0) * static_cast<size_t>(groups);
-      for (int32_t v = 0; v < count; ++v) acc[v].half[0] = acc[v].half[1] = _mm256_setzero_ps();
+      for (int32_t b = 0; b < blocks; ++b)
+        for (int32_t v = 0; v < count; ++v)
+          acc[b * kQ8R16Chunk + v].half[0] = acc[b * kQ8R16Chunk + v].half[1] = _mm256_setzero_ps();
       for (int32_t g = 0; g < groups; ++g) {
         const size_t begin = static_cast<size_t>(g) * group;
-        const Q8R16Group at{block, block_scales + static_cast<size_t>(g) * kQ8R16Rows, begin,
-                            min_size(cols4, begin + group), g};
-        // The scale plane is a second stream: its line for this group in the next block.
-        _mm_prefetch(reinterpret_cast<const char*>(at.scales + kQ8R16Rows * static_cast<size_t>(groups)), _MM_HINT_T0);
+        const Q8R16Group at{block,         block_scales + static_cast<size_t>(g) * kQ8R16Rows,
+                            begin,         min_size(cols4, begin + group),
+                            g,             blocks,
+                            block_stride,  scale_stride};
+        // The scale plane is a second stream: its lines for this group in the next panel.
+        for (int32_t b = 0; b < blocks; ++b)
+          _mm_prefetch(reinterpret_cast<const char*>(at.scales + (kPanel + b) * scale_stride), _MM_HINT_T0);
         q8r16_tiles<kTile>(count, [&]<int NV>(int32_t v0) {
           tile.template operator()<NV>(at, xs + v0, acc + v0, v0 == 0);
         });
       }
-      for (int32_t v = 0; v < count; ++v) q8r16_store(y[first + v], r0, row_begin, row_end, acc[v]);
+      for (int32_t b = 0; b < blocks; ++b)
+        for (int32_t v = 0; v < count; ++v)
+          q8r16_store(y[first + v], r0 + b * kQ8R16Rows, row_begin, row_end, acc[b * kQ8R16Chunk + v]);
     }
   }
 }
 
-// int8 activations, with the sign trick of q8_int8_matvec.
-template <bool Residual>
-void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
-                int32_t row_end) {
-  constexpr int32_t kTile = Residual ? kQ8R16ResidualTile : kQ8R16Int8Tile;
+// One int8 plane, with the sign trick of q8_int8_matvec. A tile walks the
+// group once per half block, so its NV dot registers are all it holds and 6
+// vectors fit in the 16 registers; walking both halves at once (8 sums for 4
+// vectors) spilled and reloaded the activation pointers (Zen 3: 1.1-1.2x at
+// 4-16 vectors, docs/KERNELS.md).
+void q8r16_one_plane(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                     int32_t row_end) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto tile = [&]<int NV>(const Q8R16Group& at, const ActivationView* const* xs, Q8R16Sums* sums, bool first) {
+    const std::int8_t* q[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) q[v] = xs[v]->q;
+    for (int h = 0; h < 2; ++h) {
+      __m256i dot[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) dot[v] = _mm256_setzero_si256();
+      for (size_t c = at.begin; c < at.end; c += 4) {
+        const std::int8_t* half = at.block + c * kQ8R16Rows + 32 * h;
+        if (first && h == 0) _mm_prefetch(reinterpret_cast<const char*>(half + kQ8R16Prefetch), _MM_HINT_T0);
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half));
+        const __m256i magnitude = _mm256_abs_epi8(wv);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) dot[v] = q8r16_dot4(dot[v], wv, magnitude, broadcast4(q[v] + c), ones);
+      }
+      const __m256 w_scale = _mm256_loadu_ps(at.scales + 8 * h);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        sums[v].half[h] = q8r16_scale_step(sums[v].half[h], dot[v], w_scale, xs[v]->scales[at.g]);
+    }
+  };
+  q8r16_walk<kQ8R16Int8Tile>(w, n, xq, y, row_begin, row_end, tile);
+}
+
+// Both int8 planes, each with the sign trick: the decode streams' leftover
+// blocks, and groups above kQ8R16CombinedMaxGroup (q8r16_combined takes the rest).
+void q8r16_two_planes(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                      int32_t row_end) {
   const __m256i ones = _mm256_set1_epi16(1);
   const bool combined = w.group <= kQ8R16CombinedMaxGroup;
   auto tile = [&]<int NV>(const Q8R16Group& at, const ActivationView* const* xs, Q8R16Sums* sums, bool first) {
@@ -559,24 +606,26 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) {
           dot[v][h] = q8r16_dot4(dot[v][h], wv, magnitude, broadcast4(xs[v]->q + c), ones);
-          if constexpr (Residual)
-            lo[v][h] = q8r16_dot4(lo[v][h], wv, magnitude, broadcast4(xs[v]->residual_q + c), ones);
+          lo[v][h] = q8r16_dot4(lo[v][h], wv, magnitude, broadcast4(xs[v]->residual_q + c), ones);
         }
       }
     }
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      const ActivationView& a = *xs[v];
       for (int h = 0; h < 2; ++h) {
         const __m256 w_scale = _mm256_loadu_ps(at.scales + 8 * h);
-        if constexpr (Residual)
-          sums[v].half[h] = q8r16_planes_step(sums[v].half[h], dot[v][h], lo[v][h], w_scale, a, at.g, combined);
-        else
-          sums[v].half[h] = q8r16_scale_step(sums[v].half[h], dot[v][h], w_scale, a.scales[at.g]);
+        sums[v].half[h] = q8r16_planes_step(sums[v].half[h], dot[v][h], lo[v][h], w_scale, *xs[v], at.g, combined);
       }
     }
   };
-  q8r16_walk<kTile>(w, n, xq, y, row_begin, row_end, tile);
+  q8r16_walk<kQ8R16ResidualTile>(w, n, xq, y, row_begin, row_end, tile);
+}
+
+template <bool Residual>
+void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
+                int32_t row_end) {
+  if constexpr (Residual) return q8r16_two_planes(w, n, xq, y, row_begin, row_end);
+  else return q8r16_one_plane(w, n, xq, y, row_begin, row_end);
 }
 
 // Both planes, groups up to kQ8R16CombinedMaxGroup: the definition's exact
@@ -590,8 +639,11 @@ void q8r16_int8(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
 // from DRAM at the same speed either way (measured). Each row's column pairs
 // land in two neighbouring int32 lanes, added (exactly) once per group. Tiles
 // walk a group once per half block: two sums per vector and 4 vectors (6
-// ran slower).
+// ran slower). A tile's int16 activations serve a panel of 8 blocks, not one
+// (building them was a sixth of the kernel's time; Zen 3: 1.1-1.2x at 16-64
+// vectors, docs/KERNELS.md).
 constexpr int32_t kQ8R16CombinedTile = 4;
+constexpr int32_t kQ8R16CombinedPanel = 8;
 
 // Columns [begin, end) of x as 128 q + residual_q. end is a multiple of 4
 // (the chunks'); past the row's columns q and residual_q are zero.
@@ -622,30 +674,34 @@ void q8r16_combined(const Matrix& w, int32_t n, const ActivationView* const* xq,
   alignas(32) int16_t planes[kQ8R16CombinedTile][kQ8R16CombinedMaxGroup];
   auto tile = [&]<int NV>(const Q8R16Group& at, const ActivationView* const* xs, Q8R16Sums* sums, bool first) {
     for (int v = 0; v < NV; ++v) combine_planes(*xs[v], at.begin, at.end, planes[v]);
-    for (int h = 0; h < 2; ++h) {
-      __m256i rows03[NV], rows47[NV];
+    for (int32_t b = 0; b < at.blocks; ++b) {
+      const std::int8_t* block = at.block + b * at.block_stride;
+      Q8R16Sums* block_sums = sums + b * kQ8R16Chunk;
+      for (int h = 0; h < 2; ++h) {
+        __m256i rows03[NV], rows47[NV];
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) rows03[v] = rows47[v] = _mm256_setzero_si256();
-      for (size_t c = at.begin; c < at.end; c += 4) {
-        const std::int8_t* half = at.block + c * kQ8R16Rows + 32 * h;
-        if (first && h == 0) _mm_prefetch(reinterpret_cast<const char*>(half + kQ8R16Prefetch), _MM_HINT_T0);
-        const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half)));
-        const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half + 16)));
+        for (int v = 0; v < NV; ++v) rows03[v] = rows47[v] = _mm256_setzero_si256();
+        for (size_t c = at.begin; c < at.end; c += 4) {
+          const std::int8_t* half = block + c * kQ8R16Rows + 32 * h;
+          if (first && h == 0) _mm_prefetch(reinterpret_cast<const char*>(half + kQ8R16Prefetch), _MM_HINT_T0);
+          const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half)));
+          const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(half + 16)));
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-          const __m256i x = broadcast4_int16(planes[v] + (c - at.begin));
-          rows03[v] = _mm256_add_epi32(rows03[v], _mm256_madd_epi16(w03, x));
-          rows47[v] = _mm256_add_epi32(rows47[v], _mm256_madd_epi16(w47, x));
+          for (int v = 0; v < NV; ++v) {
+            const __m256i x = broadcast4_int16(planes[v] + (c - at.begin));
+            rows03[v] = _mm256_add_epi32(rows03[v], _mm256_madd_epi16(w03, x));
+            rows47[v] = _mm256_add_epi32(rows47[v], _mm256_madd_epi16(w47, x));
+          }
         }
-      }
-      const __m256 w_scale = _mm256_loadu_ps(at.scales + 8 * h);
+        const __m256 w_scale = _mm256_loadu_ps(at.scales + b * at.scale_stride + 8 * h);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v)
-        sums[v].half[h] =
-            q8r16_scale_step(sums[v].half[h], row_sums(rows03[v], rows47[v]), w_scale, xs[v]->residual_scales[at.g]);
+        for (int v = 0; v < NV; ++v)
+          block_sums[v].half[h] = q8r16_scale_step(block_sums[v].half[h], row_sums(rows03[v], rows47[v]), w_scale,
+                                                   xs[v]->residual_scales[at.g]);
+      }
     }
   };
-  q8r16_walk<kQ8R16CombinedTile>(w, n, xq, y, row_begin, row_end, tile);
+  q8r16_walk<kQ8R16CombinedTile, kQ8R16CombinedPanel>(w, n, xq, y, row_begin, row_end, tile);
 }
 
 // One vector (decode): two distant runs of blocks read side by side, one
