@@ -62,7 +62,11 @@ echo stale > "$stale"
 echo held > "$held"
 echo precious > "$work/precious"
 ln -s "$work/precious" "$link"
-flock "$held" sleep 60 &
+# The lock is taken on a descriptor of a process that then becomes the sleep,
+# so killing $holder ends the only process holding it. (`flock FILE sleep`
+# left its sleep behind, holding this test's output open: ctest waited the
+# whole minute for it.)
+bash -c 'exec 9< "$1" && flock 9 && exec sleep 60' _ "$held" < /dev/null > /dev/null 2>&1 &
 holder=$!
 for _ in $(seq 100); do
   flock -n "$held" true 2> /dev/null || break
