@@ -9,6 +9,7 @@
 
 #include "kernels/reference.h"
 #include "moe/router.h"
+#include "runtime/generator.h"
 #include "core/utf8.h"
 
 namespace colibri::server {
@@ -364,9 +365,7 @@ Expected<PreparedJob> Service::prepare(const GenerationRequest& request) const {
   spec.prompt_logprobs = request.echo && spec.logprobs >= 0;
   spec.json_object = request.json_object;
   if (!request.ignore_eos) {
-    const Tokenizer& tokenizer = generation->model->tokenizer();
-    if (auto id = tokenizer.eos_id()) spec.end_ids.push_back(*id);
-    if (auto id = generation->model->config().eos_token_id) spec.end_ids.push_back(*id);
+    spec.end_ids = end_token_ids(*generation->model);
     if (request.chat)
       spec.end_ids.insert(spec.end_ids.end(), generation->chat->end_of_turn().begin(),
                           generation->chat->end_of_turn().end());

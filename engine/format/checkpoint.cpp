@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "core/text_file.h"
 #include "format/gguf_source.h"
 #include "format/safetensors_source.h"
@@ -27,7 +29,53 @@ Status override_experts(OpenedCheckpoint& out, int num_experts, const std::strin
   return Status::Ok();
 }
 
+// Hugging Face's generate() ends at generation_config.json's eos_token_id,
+// which may list ids config.json does not (Qwen2.5, Phi-3.5-MoE: the end of a
+// turn beside the end of text). They are added to config.json's eos_token_id
+// (a list then), so the converted file keeps them and generation ends at
+// every one. A config already listing them is left as written.
+Status add_generation_end_ids(std::string& config_json, const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / "generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::Ok();
+  auto text = read_text_file(path);
+  if (!text) return text.error();
+  const nlohmann::json generation = nlohmann::json::parse(*text, nullptr, false);
+  if (generation.is_discarded() || !generation.is_object())
+    return make_error("{}: not a JSON object", path.string());
+  const auto found = generation.find("eos_token_id");
+  if (found == generation.end() || found->is_null()) return Status::Ok();
+  nlohmann::json config = nlohmann::json::parse(config_json, nullptr, false);
+  if (config.is_discarded() || !config.is_object()) return Status::Ok();  // parse_hf_config names the fault
+
+  nlohmann::json ids = nlohmann::json::array();
+  auto add = [&](const nlohmann::json& list) {
+    for (const nlohmann::json& id : list.is_array() ? list : nlohmann::json::array({list}))
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  };
+  for (const nlohmann::json& id : found->is_array() ? *found : nlohmann::json::array({*found}))
+    if (!id.is_number_integer())
+      return make_error("{}: eos_token_id must be an integer or a list of integers, got {}", path.string(),
+                        found->dump());
+  const auto existing = config.find("eos_token_id");
+  if (existing != config.end() && !existing->is_null()) add(*existing);
+  const size_t from_config = ids.size();
+  add(*found);
+  if (ids.size() == from_config) return Status::Ok();
+  config["eos_token_id"] = ids;
+  config_json = config.dump(2);
+  return Status::Ok();
+}
+
 }  // namespace
+
+Result<std::string> read_hf_config_json(const std::filesystem::path& dir) {
+  auto text = read_text(dir / "config.json", true);
+  if (!text) return text.error();
+  std::string config_json = std::move(text).value();
+  COLIBRI_TRY(add_generation_end_ids(config_json, dir));
+  return config_json;
+}
 
 Result<OpenedCheckpoint> open_checkpoint(const std::filesystem::path& path, int num_experts_override) {
   OpenedCheckpoint out;
@@ -55,7 +103,7 @@ Result<OpenedCheckpoint> open_checkpoint(const std::filesystem::path& path, int 
   if (!std::filesystem::is_directory(path, ec))
     return make_error("{}: neither a Hugging Face model directory nor a GGUF file", path.string());
 
-  auto config_json = read_text(path / "config.json", true);
+  auto config_json = read_hf_config_json(path);
   if (!config_json) return config_json.error();
   auto tokenizer_json = read_text(path / "tokenizer.json", true);
   if (!tokenizer_json) return tokenizer_json.error();

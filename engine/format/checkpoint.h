@@ -21,6 +21,11 @@ struct OpenedCheckpoint {
   std::unique_ptr<TensorSource> source;
 };
 
+// A Hugging Face directory's config.json text, with the end ids of its
+// generation_config.json added to eos_token_id (checkpoint.cpp): what a
+// converted file embeds and a directory loaded in place is read with.
+Result<std::string> read_hf_config_json(const std::filesystem::path& dir);
+
 // `num_experts_override` > 0 replaces the expert count of a config.json that
 // lacks it (or states it under a name this build does not know).
 Result<OpenedCheckpoint> open_checkpoint(const std::filesystem::path& path, int num_experts_override = 0);

@@ -11,6 +11,7 @@
 
 #include "core/arena.h"
 #include "core/system_memory.h"
+#include "format/checkpoint.h"
 #include "format/colibri_file.h"
 #include "format/gguf.h"
 #include "format/gguf_source.h"
@@ -153,7 +154,9 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
     return make_error("{}: not a regular file or a directory: a model is a .colibri or .gguf file, or a Hugging "
                       "Face directory (config.json, *.safetensors, tokenizer.json)",
                       path.string());
-  auto config = load_hf_config(path / "config.json");
+  auto config_json = read_hf_config_json(path);
+  if (!config_json) return config_json.error();
+  auto config = parse_hf_config(*config_json, (path / "config.json").string());
   if (!config) return config.error();
   auto tokenizer = Tokenizer::load(path);
   if (!tokenizer) return tokenizer.error();

@@ -55,6 +55,25 @@ class ConfigReader {
   }
 
   // A token id field may be an integer, null, or a list (the first id counts).
+  // Every id of an integer or a list of integers; empty when absent or null.
+  Result<std::vector<std::int32_t>> token_list(std::string_view key) const {
+    std::vector<std::int32_t> ids;
+    auto it = root_.find(key);
+    if (it == root_.end() || it->is_null()) return ids;
+    if (!it->is_array()) {
+      auto id = to_int(key, *it, 0, kMaxVocab);
+      if (!id) return id.error();
+      ids.push_back(*id);
+      return ids;
+    }
+    for (const json& value : *it) {
+      auto id = to_int(key, value, 0, kMaxVocab);
+      if (!id) return id.error();
+      if (std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
+    }
+    return ids;
+  }
+
   Result<std::optional<std::int32_t>> optional_token(std::string_view key) const {
     auto it = root_.find(key);
     if (it == root_.end() || it->is_null()) return std::optional<std::int32_t>{};
@@ -132,12 +151,17 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
   COLIBRI_READ(norm_topk, reader.optional_bool("norm_topk_prob", arch.norm_topk_default));
   COLIBRI_READ(tie_embeddings, reader.optional_bool("tie_word_embeddings", false));
   COLIBRI_READ(bos_token_id, reader.optional_token("bos_token_id"));
-  COLIBRI_READ(eos_token_id, reader.optional_token("eos_token_id"));
+  COLIBRI_READ(end_token_ids, reader.token_list("eos_token_id"));
+  if (!config.end_token_ids.empty()) config.eos_token_id = config.end_token_ids.front();
   // The chat templates put the BOS id into prompts and generation stops at
-  // the EOS id: an id the model has no row for is a broken config.
+  // the EOS ids: an id the model has no row for is a broken config.
   for (const auto& [name, id] : {std::pair{"bos_token_id", config.bos_token_id}, {"eos_token_id", config.eos_token_id}})
     if (id && *id >= config.vocab)
       return make_error("{}: field '{}' is {}, not a token of the model's vocabulary [0, {})", source, name, *id,
+                        config.vocab);
+  for (std::int32_t id : config.end_token_ids)
+    if (id >= config.vocab)
+      return make_error("{}: field 'eos_token_id' lists {}, not a token of the model's vocabulary [0, {})", source, id,
                         config.vocab);
   bool bias = arch.has_qkv_bias;
   COLIBRI_READ(qkv_bias, reader.optional_bool("attention_bias", bias));

@@ -19,6 +19,14 @@ std::string_view finish_reason_name(FinishReason reason) {
   return "unknown";
 }
 
+std::vector<std::int32_t> end_token_ids(const Model& model) {
+  std::vector<std::int32_t> ids;
+  if (auto id = model.tokenizer().eos_id()) ids.push_back(*id);
+  for (std::int32_t id : model.config().end_token_ids)
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  return ids;
+}
+
 Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> prompt,
                                 const GenerateOptions& options, const TextCallback& on_text,
                                 const LogitsObserver& observer) {
@@ -39,11 +47,7 @@ Result<GenerateOutput> generate(Session& session, std::span<const std::int32_t> 
                         model.config().vocab);
   }
 
-  std::vector<std::int32_t> end_ids;
-  if (!options.ignore_eos) {
-    if (auto id = tokenizer.eos_id()) end_ids.push_back(*id);
-    if (auto id = model.config().eos_token_id) end_ids.push_back(*id);
-  }
+  const std::vector<std::int32_t> end_ids = options.ignore_eos ? std::vector<std::int32_t>{} : end_token_ids(model);
 
   const std::int32_t vocab = model.config().vocab;
   std::vector<float> logits(static_cast<std::size_t>(vocab));

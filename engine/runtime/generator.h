@@ -53,6 +53,11 @@ struct GenerateOutput {
 // cancels the generation.
 using TextCallback = std::function<bool(std::string_view text)>;
 
+// The ids that end a generation (unless ignore_eos): the tokenizer's EOS and
+// every id of the config's eos_token_id (with generation_config.json's,
+// format/checkpoint.h).
+std::vector<std::int32_t> end_token_ids(const Model& model);
+
 // Feeds `prompt` into a fresh or continued `session` and generates.
 // `observer` (runtime/session.h) sees the raw logits after every fed token:
 // prompt positions first, then each generated one (position is the index of

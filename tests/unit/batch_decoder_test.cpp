@@ -344,6 +344,51 @@ TEST_F(BatchDecoderTest, PrefillModesApplyToPrefillOnly) {
   }
 }
 
+// generation_config.json's eos_token_id ends generation too (Hugging Face's
+// generate() stops at its ids, which may be more than config.json's), loaded
+// in place and converted: the converted file keeps the ids in its config.
+TEST_F(BatchDecoderTest, GenerationEndsAtTheIdsOfGenerationConfig) {
+  namespace fs = std::filesystem;
+  const auto prompt = prompts_of("olmoe-tiny").front();
+  GenerateOptions options;
+  options.max_tokens = 4;
+  options.sampling.temperature = 0.0f;
+  auto plain = load("olmoe-tiny", "f32");
+  ASSERT_NE(plain, nullptr);
+  Session plain_session(plain);
+  auto free_run = generate(plain_session, prompt, options, {});
+  ASSERT_TRUE(free_run.ok()) << free_run.error().message;
+  ASSERT_EQ(free_run->tokens.size(), 4u);
+  const std::int32_t first = free_run->tokens.front();
+  ASSERT_NE(first, 506);  // the fixture's own EOS would prove nothing
+
+  const fs::path dir = scratch_dir() / "olmoe-tiny-generation-config";
+  fs::create_directories(dir);
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(fixture_dir("olmoe-tiny") / name, dir / name, fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "generation_config.json") << nlohmann::json{{"eos_token_id", {506, first}}}.dump();
+  const fs::path converted = scratch_dir() / "olmoe-tiny-generation-config.colibri";
+  const Status status = colibri_test::convert_checkpoint(dir, converted, "f32");
+  ASSERT_TRUE(status.ok()) << status.error().message;
+  for (const fs::path& path : {dir, converted}) {
+    SCOPED_TRACE(path.string());
+    auto model = Model::load(path);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ((*model)->config().end_token_ids, (std::vector<std::int32_t>{506, first}));
+    Session session(*model);
+    auto ended = generate(session, prompt, options, {});
+    ASSERT_TRUE(ended.ok()) << ended.error().message;
+    EXPECT_EQ(ended->finish, FinishReason::EndOfText);
+    EXPECT_TRUE(ended->tokens.empty());
+  }
+
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": "506"})";
+  auto refused = Model::load(dir);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("generation_config.json: eos_token_id must be an integer"), std::string::npos)
+      << refused.error().message;
+}
+
 // generate() with a logits observer feeds the prompt token by token (the
 // observer sees every position) but in the prefill modes, so it generates
 // what a prefill would and the last prompt position's logits are prefill()'s;

@@ -118,6 +118,31 @@ TEST(ModelConfig, WrongTypesAndRangesAreErrors) {
   config = fixture_config("mixtral-tiny");
   config["eos_token_id"] = vocab - 1;
   EXPECT_TRUE(parse_hf_config(config.dump(), "config.json").ok());
+  config["eos_token_id"] = nlohmann::json::array({3, vocab});
+  EXPECT_NE(error_of(config).find("'eos_token_id' lists " + std::to_string(vocab) + ", not a token"),
+            std::string::npos)
+      << error_of(config);
+}
+
+// Every id of a list ends generation (Qwen's and Phi-3.5-MoE's configs list
+// several); eos_token_id is the first.
+TEST(ModelConfig, EveryIdOfAnEosListIsAnEndToken) {
+  auto config = fixture_config("olmoe-tiny");
+  auto single = parse_hf_config(config.dump(), "config.json");
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->end_token_ids, std::vector<std::int32_t>{506});
+  config["eos_token_id"] = nlohmann::json::array({7, 506, 7, 12});
+  auto listed = parse_hf_config(config.dump(), "config.json");
+  ASSERT_TRUE(listed.ok()) << listed.error().message;
+  EXPECT_EQ(listed->end_token_ids, (std::vector<std::int32_t>{7, 506, 12}));
+  EXPECT_EQ(listed->eos_token_id, 7);
+  config["eos_token_id"] = nullptr;
+  auto none = parse_hf_config(config.dump(), "config.json");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->end_token_ids.empty());
+  EXPECT_FALSE(none->eos_token_id.has_value());
+  config["eos_token_id"] = nlohmann::json::array({7, "x"});
+  EXPECT_NE(error_of(config).find("must be an integer"), std::string::npos) << error_of(config);
 }
 
 TEST(ModelConfig, SparseStepAndMlpOnlyLayersChooseDenseLayers) {
