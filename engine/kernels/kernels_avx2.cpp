@@ -514,9 +514,11 @@ struct Q8R16Group {
 // sums[b * kQ8R16Chunk + v]; `first`: the group's first tile, which
 // prefetches). Columns past `cols` up to the chunk's end are zero in the
 // weights (and in q, which is zero-padded to 128), so whole chunks are exact.
-// Fewer than kQ8R16PanelMinVectors vectors take panels of one block: their
-// product is bound by DRAM, which reads one stream faster than a panel's
-// interleaved ones (two vectors, two planes: 0.75x with panels of 8).
+// Only a tile that walks at.blocks blocks may be given kPanel > 1 (the
+// others read the first block only). Fewer than kQ8R16PanelMinVectors
+// vectors take panels of one block: their product is bound by DRAM, which
+// reads one stream faster than a panel's interleaved ones (two vectors, two
+// planes: 0.75x with panels of 8).
 template <int kTile, int kPanel = 1, class Tile>
 void q8r16_walk(const Matrix& w, int32_t n, const ActivationView* const* xq, float* const* y, int32_t row_begin,
                 int32_t row_end, const Tile& tile) {
@@ -541,10 +543,10 @@ void q8r16_walk(const Matrix& w, int32_t n, const ActivationView* const* xq, flo
           acc[b * kQ8R16Chunk + v].half[0] = acc[b * kQ8R16Chunk + v].half[1] = _mm256_setzero_ps();
       for (int32_t g = 0; g < groups; ++g) {
         const size_t begin = static_cast<size_t>(g) * group;
-        const Q8R16Group at{block,         block_scales + static_cast<size_t>(g) * kQ8R16Rows,
-                            begin,         min_size(cols4, begin + group),
-                            g,             blocks,
-                            block_stride,  scale_stride};
+        const Q8R16Group at{block,  block_scales + static_cast<size_t>(g) * kQ8R16Rows,
+                            begin,  min_size(cols4, begin + group),
+                            g,      blocks,
+                            block_stride, scale_stride};
         // The scale plane is a second stream: its lines for this group in the next panel.
         for (int32_t b = 0; b < blocks; ++b)
           _mm_prefetch(reinterpret_cast<const char*>(at.scales + (panel + b) * scale_stride), _MM_HINT_T0);
