@@ -54,19 +54,13 @@ class ConfigReader {
     return it->get<bool>();
   }
 
-  // A token id field may be an integer, null, or a list (the first id counts).
-  // Every id of an integer or a list of integers; empty when absent or null.
+  // Every id of a token id field, an integer or a list of integers, each
+  // once; empty when absent or null.
   Result<std::vector<std::int32_t>> token_list(std::string_view key) const {
     std::vector<std::int32_t> ids;
     auto it = root_.find(key);
     if (it == root_.end() || it->is_null()) return ids;
-    if (!it->is_array()) {
-      auto id = to_int(key, *it, 0, kMaxVocab);
-      if (!id) return id.error();
-      ids.push_back(*id);
-      return ids;
-    }
-    for (const json& value : *it) {
+    for (const json& value : it->is_array() ? *it : json::array({*it})) {
       auto id = to_int(key, value, 0, kMaxVocab);
       if (!id) return id.error();
       if (std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
@@ -74,6 +68,7 @@ class ConfigReader {
     return ids;
   }
 
+  // A token id field may be an integer, null, or a list (the first id counts).
   Result<std::optional<std::int32_t>> optional_token(std::string_view key) const {
     auto it = root_.find(key);
     if (it == root_.end() || it->is_null()) return std::optional<std::int32_t>{};
