@@ -368,13 +368,24 @@ Result<std::string> gguf_hf_config_json(const Gguf& g) {
   bool bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   c["attention_bias"] = bias;
   c["qkv_bias"] = bias;
-  for (std::string_view which : {"bos", "eos"}) {
+  if (g.has("tokenizer.ggml.bos_token_id")) {
+    auto id = g.get_u32("tokenizer.ggml.bos_token_id");
+    if (!id) return id.error();
+    c["bos_token_id"] = *id;
+  }
+  // llama.cpp ends generation at the end of text and at the end of a turn
+  // (eot) or of a message (eom): all of them become eos_token_id, a list
+  // when there is more than one.
+  ordered_json end_ids = ordered_json::array();
+  for (std::string_view which : {"eos", "eot", "eom"}) {
     std::string key = fmt::format("tokenizer.ggml.{}_token_id", which);
     if (!g.has(key)) continue;
     auto id = g.get_u32(key);
     if (!id) return id.error();
-    c[fmt::format("{}_token_id", which)] = *id;
+    if (std::find(end_ids.begin(), end_ids.end(), ordered_json(*id)) == end_ids.end()) end_ids.push_back(*id);
   }
+  if (end_ids.size() == 1) c["eos_token_id"] = end_ids.front();
+  if (end_ids.size() > 1) c["eos_token_id"] = end_ids;
   return c.dump(2);
 }
 

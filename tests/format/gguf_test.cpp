@@ -874,6 +874,36 @@ TEST(GgufSynthesis, SpecialTokenIdOutsideTheVocabularyIsRefused) {
   EXPECT_TRUE(tokenizer_for("gpt-2", false, 259).ok());
 }
 
+// llama.cpp ends generation at tokenizer.ggml.eos_token_id and at the end of a
+// turn (eot) or message (eom): the synthesized config lists each once.
+TEST(GgufSynthesis, EndOfTurnAndMessageIdsJoinEosTokenId) {
+  auto config_of = [](const std::vector<std::pair<std::string, std::uint32_t>>& ids) {
+    GgufBuilder b;
+    b.kv_string("general.architecture", "olmoe");
+    b.kv_u32("olmoe.embedding_length", 8);
+    b.kv_u32("olmoe.block_count", 1);
+    b.kv_u32("olmoe.attention.head_count", 2);
+    b.kv_u32("olmoe.expert_count", 2);
+    b.kv_u32("olmoe.expert_used_count", 1);
+    for (const auto& [key, id] : ids) b.kv_u32(key, id);
+    b.add_f32("token_embd.weight", {8, 16}, std::vector<float>(128, 0.0f));
+    b.add_f32("blk.0.ffn_gate_exps.weight", {8, 4, 2}, std::vector<float>(64, 0.0f));
+    auto bytes = b.build();
+    auto g = parse_gguf(bytes, "eog.gguf");
+    EXPECT_TRUE(g.ok()) << g.error().message;
+    auto text = gguf_hf_config_json(*g);
+    EXPECT_TRUE(text.ok()) << text.error().message;
+    return nlohmann::json::parse(*text);
+  };
+  EXPECT_EQ(config_of({{"tokenizer.ggml.eos_token_id", 3}})["eos_token_id"], 3);
+  EXPECT_EQ(config_of({{"tokenizer.ggml.eos_token_id", 3},
+                       {"tokenizer.ggml.eot_token_id", 5},
+                       {"tokenizer.ggml.eom_token_id", 3}})["eos_token_id"],
+            nlohmann::json::array({3, 5}));
+  EXPECT_EQ(config_of({{"tokenizer.ggml.eot_token_id", 7}})["eos_token_id"], 7);
+  EXPECT_FALSE(config_of({}).contains("eos_token_id"));
+}
+
 TEST(GgufSynthesis, DenseArchitectureIsRefused) {
   GgufBuilder b;
   b.kv_string("general.architecture", "llama");
