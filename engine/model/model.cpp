@@ -146,9 +146,9 @@ Result<std::shared_ptr<const Model>> Model::load(const std::filesystem::path& pa
   }();
   if (regular && !gguf) return load_colibri(path, options);
   if (gguf) {
-    auto gguf = open_gguf_model(path);
-    if (!gguf) return gguf.error();
-    return from_source(path, std::move(gguf->config), std::move(gguf->tokenizer), *gguf->source, options);
+    auto opened = open_gguf_model(path);
+    if (!opened) return opened.error();
+    return from_source(path, std::move(opened->config), std::move(opened->tokenizer), *opened->source, options);
   }
   if (!std::filesystem::is_directory(path, ec))
     return make_error("{}: not a regular file or a directory: a model is a .colibri or .gguf file, or a Hugging "

@@ -390,8 +390,8 @@ TEST_F(ReloadTest, AFailedReloadLeavesTheConfigurationAsItWas) {
   ASSERT_EQ(http_post(port, "/v1/completions", request).status, 200);
   std::ofstream(config) << R"({"max_tokens_limit": 300})";
   auto limit = [&] {
-    const json config = http_get(port, "/admin/config").json_body();
-    for (const json& option : config["options"])
+    const json served = http_get(port, "/admin/config").json_body();
+    for (const json& option : served["options"])
       if (option["name"] == "max_tokens_limit") return option["value"].get<int>();
     return -1;
   };
