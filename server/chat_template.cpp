@@ -110,7 +110,7 @@ Result<ChatTemplate> ChatTemplate::select(const Model& model, std::string_view c
   auto im_start = tokenizer.token_to_id("<|im_start|>");
   auto im_end = tokenizer.token_to_id("<|im_end|>");
   auto bos = tokenizer.bos_id() ? tokenizer.bos_id() : model.config().bos_token_id;
-  auto eos = tokenizer.eos_id() ? tokenizer.eos_id() : model.config().eos_token_id;
+  auto eos = tokenizer.eos_id() ? tokenizer.eos_id() : model.config().eos_token_id();
   const bool has_chatml = im_start && im_end;
   const std::string& text = tokenizer.chat_template();
   const std::string_view model_type = model.config().arch ? model.config().arch->model_type : "";

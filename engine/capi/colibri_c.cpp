@@ -600,7 +600,7 @@ COLIBRI_API colibri_status colibri_model_info(const colibri_model* model, colibr
     auto bos = m.tokenizer().bos_id();
     if (!bos) bos = c.bos_token_id;
     auto eos = m.tokenizer().eos_id();
-    if (!eos) eos = c.eos_token_id;
+    if (!eos) eos = c.eos_token_id();
     stats.bos_token_id = bos.value_or(-1);
     stats.eos_token_id = eos.value_or(-1);
     stats.weight_bytes = static_cast<uint64_t>(m.weight_bytes());

@@ -48,19 +48,18 @@ Status add_generation_end_ids(std::string& config_json, const std::filesystem::p
   nlohmann::json config = nlohmann::json::parse(config_json, nullptr, false);
   if (config.is_discarded() || !config.is_object()) return Status::Ok();  // parse_hf_config names the fault
 
-  nlohmann::json ids = nlohmann::json::array();
-  auto add = [&](const nlohmann::json& list) {
-    for (const nlohmann::json& id : list.is_array() ? list : nlohmann::json::array({list}))
-      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-  };
-  for (const nlohmann::json& id : found->is_array() ? *found : nlohmann::json::array({*found}))
+  // An id field is an integer or a list of them: both as a list.
+  auto as_list = [](const nlohmann::json& field) { return field.is_array() ? field : nlohmann::json::array({field}); };
+  const nlohmann::json generation_ids = as_list(*found);
+  for (const nlohmann::json& id : generation_ids)
     if (!id.is_number_integer())
       return make_error("{}: eos_token_id must be an integer or a list of integers, got {}", path.string(),
                         found->dump());
   const auto existing = config.find("eos_token_id");
-  if (existing != config.end() && !existing->is_null()) add(*existing);
+  nlohmann::json ids = existing != config.end() && !existing->is_null() ? as_list(*existing) : nlohmann::json::array();
   const size_t from_config = ids.size();
-  add(*found);
+  for (const nlohmann::json& id : generation_ids)
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   if (ids.size() == from_config) return Status::Ok();
   config["eos_token_id"] = ids;
   config_json = config.dump(2);

@@ -147,10 +147,9 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text, std::string_view
   COLIBRI_READ(tie_embeddings, reader.optional_bool("tie_word_embeddings", false));
   COLIBRI_READ(bos_token_id, reader.optional_token("bos_token_id"));
   COLIBRI_READ(end_token_ids, reader.token_list("eos_token_id"));
-  if (!config.end_token_ids.empty()) config.eos_token_id = config.end_token_ids.front();
   // The chat templates put the BOS id into prompts and generation stops at
   // the EOS ids: an id the model has no row for is a broken config.
-  for (const auto& [name, id] : {std::pair{"bos_token_id", config.bos_token_id}, {"eos_token_id", config.eos_token_id}})
+  for (const auto& [name, id] : {std::pair{"bos_token_id", config.bos_token_id}, {"eos_token_id", config.eos_token_id()}})
     if (id && *id >= config.vocab)
       return make_error("{}: field '{}' is {}, not a token of the model's vocabulary [0, {})", source, name, *id,
                         config.vocab);

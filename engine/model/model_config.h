@@ -35,10 +35,15 @@ struct ModelConfig {
   bool qkv_bias = false;
   std::vector<bool> layer_is_moe;  // one entry per layer
   std::optional<std::int32_t> bos_token_id;
-  std::optional<std::int32_t> eos_token_id;  // the first of end_token_ids
   // Every id of eos_token_id (an integer or a list, as in Qwen's and
   // Phi-3.5-MoE's configs): generation ends at any of them.
   std::vector<std::int32_t> end_token_ids;
+
+  // The first end token: the one a chat template writes as its EOS.
+  std::optional<std::int32_t> eos_token_id() const {
+    if (end_token_ids.empty()) return std::nullopt;
+    return end_token_ids.front();
+  }
 };
 
 // `source` names the file in error messages.

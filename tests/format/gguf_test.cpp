@@ -143,7 +143,7 @@ TEST_P(GgufFixture, SynthesizedConfigMatchesHfConfig) {
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
   EXPECT_EQ(a.layer_is_moe, b.layer_is_moe);
-  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
+  EXPECT_EQ(a.eos_token_id(), b.eos_token_id());
 }
 
 // Every HF tensor, read through GgufSource (renamed, experts sliced, Mixtral

@@ -135,12 +135,12 @@ TEST(ModelConfig, EveryIdOfAnEosListIsAnEndToken) {
   auto listed = parse_hf_config(config.dump(), "config.json");
   ASSERT_TRUE(listed.ok()) << listed.error().message;
   EXPECT_EQ(listed->end_token_ids, (std::vector<std::int32_t>{7, 506, 12}));
-  EXPECT_EQ(listed->eos_token_id, 7);
+  EXPECT_EQ(listed->eos_token_id(), 7);
   config["eos_token_id"] = nullptr;
   auto none = parse_hf_config(config.dump(), "config.json");
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->end_token_ids.empty());
-  EXPECT_FALSE(none->eos_token_id.has_value());
+  EXPECT_FALSE(none->eos_token_id().has_value());
   config["eos_token_id"] = nlohmann::json::array({7, "x"});
   EXPECT_NE(error_of(config).find("must be an integer"), std::string::npos) << error_of(config);
 }
