@@ -16,6 +16,11 @@
 #include "kernels/kernel_table.h"
 #include "kernels/kernels.h"
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -28,6 +33,33 @@ namespace {
 constexpr bool kX86 = true;
 #else
 constexpr bool kX86 = false;
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+// AMX-TILE and AMX-INT8 in CPUID, the tile state enabled in XCR0, and Linux's
+// permission for this process to use tile data (asked once; without it the
+// first tile instruction would kill the process). Under valgrind, or on a
+// kernel before 5.16, the request fails and the path is not offered.
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    constexpr unsigned kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;
+    if ((edx & kAmxTile) == 0 || (edx & kAmxInt8) == 0) return false;
+    __cpuid_count(1, 0, eax, ebx, ecx, edx);
+    constexpr unsigned kOsXsave = 1u << 27;
+    if ((ecx & kOsXsave) == 0) return false;
+    unsigned xcr0_low = 0, xcr0_high = 0;
+    asm volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+    constexpr unsigned kTileConfigAndData = (1u << 17) | (1u << 18);
+    if ((xcr0_low & kTileConfigAndData) != kTileConfigAndData) return false;
+    constexpr long kArchRequestXcompPerm = 0x1023;
+    constexpr long kXfeatureTileData = 18;
+    return syscall(SYS_arch_prctl, kArchRequestXcompPerm, kXfeatureTileData) == 0;
+  }();
+  return usable;
+}
 #endif
 
 bool cpu_has(Isa isa) {
@@ -44,6 +76,10 @@ bool cpu_has(Isa isa) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
+#if defined(__linux__)
+    case Isa::Amx:
+      return cpu_has(Isa::Avx512) && amx_usable();
+#endif
 #endif
 #if defined(__aarch64__)
     case Isa::Neon:
@@ -64,6 +100,17 @@ const KernelTable* table_for(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case Isa::Avx2: return avx2_kernel_table();
     case Isa::Avx512: return avx512_kernel_table();
+#if defined(__linux__)
+    case Isa::Amx: {
+      static const KernelTable amx = [] {
+        KernelTable table = *avx512_kernel_table();
+        table.isa = amx_kernel_table()->isa;
+        table.matmat = amx_kernel_table()->matmat;
+        return table;
+      }();
+      return &amx;
+    }
+#endif
 #endif
 #if defined(__aarch64__)
     case Isa::Neon: return neon_kernel_table();
@@ -74,7 +121,7 @@ const KernelTable* table_for(Isa isa) {
 
 // Paths in order of preference for this architecture, best first.
 std::vector<Isa> preference() {
-  if (kX86) return {Isa::Avx512, Isa::Avx2, Isa::Scalar};
+  if (kX86) return {Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Scalar};
 #if defined(__aarch64__)
   return {Isa::Neon, Isa::Scalar};
 #else
@@ -95,7 +142,7 @@ void select_at_startup() {
       // The variable exists to cap the path; a name that is not one must not
       // lift the cap to the best path, so it gets the lowest.
       std::fprintf(stderr,
-                   "colibri: COLIBRI_ISA=%s is not a path of this build (scalar, avx2, avx512 or neon); "
+                   "colibri: COLIBRI_ISA=%s is not a path of this build (scalar, avx2, avx512, amx or neon); "
                    "using scalar\n",
                    env);
       start = order.size();
@@ -132,6 +179,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
     case Isa::Neon: return "neon";
+    case Isa::Amx: return "amx";
   }
   return "?";
 }
@@ -144,7 +192,7 @@ std::optional<Isa> isa_from_name(std::string_view name) {
              return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
            });
   };
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon})
     if (same_letters(name, isa_name(isa))) return isa;
   return std::nullopt;
 }
@@ -153,7 +201,7 @@ bool isa_supported(Isa isa) { return table_for(isa) != nullptr && cpu_has(isa); 
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon})
     if (isa_supported(isa)) out.push_back(isa);
   return out;
 }

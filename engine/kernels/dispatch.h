@@ -1,10 +1,11 @@
 // Which instruction set the kernels in kernels/kernels.h run on. The best path
 // this CPU supports is picked once, the first time any kernel runs (or
-// active_isa() is asked): AVX-512 (F, BW, VL, VNNI) > AVX2 (+FMA, F16C) > scalar
-// on x86-64; NEON with dot product > scalar on aarch64. Only the selected
-// path's code ever executes, so a binary built here runs on any x86-64.
+// active_isa() is asked): AMX (AVX-512 plus AMX-INT8 tiles, once Linux grants
+// the process tile data) > AVX-512 (F, BW, VL, VNNI) > AVX2 (+FMA, F16C) >
+// scalar on x86-64; NEON with dot product > scalar on aarch64. Only the
+// selected path's code ever executes, so a binary built here runs on any x86-64.
 //
-// COLIBRI_ISA=scalar|avx2|avx512|neon in the environment, read at that first
+// COLIBRI_ISA=scalar|avx2|avx512|amx|neon in the environment, read at that first
 // selection, caps the choice (a path the CPU lacks falls back to the best one
 // below it, with a warning on stderr); force_isa() does the same from code,
 // e.g. for tests and benchmarks that compare paths.
@@ -17,7 +18,7 @@
 
 namespace colibri::kernels {
 
-enum class Isa : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
+enum class Isa : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, Amx = 4 };
 
 std::string_view isa_name(Isa isa);
 std::optional<Isa> isa_from_name(std::string_view name);

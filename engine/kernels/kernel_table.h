@@ -83,10 +83,13 @@ struct KernelTable {
 };
 
 // Defined by kernels_scalar.cpp (always), kernels_avx2.cpp / kernels_avx512.cpp
-// (x86-64 builds) and kernels_neon.cpp (aarch64 builds).
+// / kernels_amx.cpp (x86-64 builds) and kernels_neon.cpp (aarch64 builds).
 const KernelTable* scalar_kernel_table();
 const KernelTable* avx2_kernel_table();
 const KernelTable* avx512_kernel_table();
+// AMX's table holds only isa and matmat (the rest is AVX-512's): dispatch.cpp
+// completes it.
+const KernelTable* amx_kernel_table();
 const KernelTable* neon_kernel_table();
 
 }  // namespace colibri::kernels

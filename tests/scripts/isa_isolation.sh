@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Only the instruction-set kernel files (engine/kernels/kernels_avx2.cpp and
-# kernels_avx512.cpp) may contain AVX/AVX-512 instructions, and only in their
+# Only the instruction-set kernel files (engine/kernels/kernels_avx2.cpp,
+# kernels_avx512.cpp and kernels_amx.cpp) may contain AVX/AVX-512/AMX instructions, and only in their
 # internal functions: anything else (an inline template instantiated there
 # and picked by the linker for everyone, say) would run on CPUs without them.
-# Checked on the linked colibri-run: every function using ymm/zmm/mask
+# Checked on the linked colibri-run: every function using ymm/zmm/mask/tile
 # registers must be in colibri::kernels' anonymous namespace, or be a GCC
 # target_clones clone ("[clone .avx2]"): those run only through an ifunc whose
 # resolver checks CPUID when the program loads.
@@ -25,7 +25,7 @@ if objdump -d --no-show-raw-insn "$build_dir/engine/CMakeFiles/colibri_engine.di
   exit 0
 fi
 offenders=$(objdump -d --no-show-raw-insn -C "$run" |
-  awk '/^[0-9a-f]+ <.*>:$/ { fn = $0; next } /%(ymm|zmm)[0-9]|%k[0-7]/ { print fn }' |
+  awk '/^[0-9a-f]+ <.*>:$/ { fn = $0; next } /%(ymm|zmm|tmm)[0-9]|%k[0-7]|ldtilecfg|tilerelease/ { print fn }' |
   sort -u | grep -v 'colibri::kernels::(anonymous namespace)::' | grep -v '\[clone \.avx2\]>:$' || true)
 if [[ -n $offenders ]]; then
   echo "isa_isolation: AVX code outside the dispatched kernel files:" >&2

@@ -403,7 +403,7 @@ TEST(RopeAngles, SplitRotationGivesTheOneCallBits) {
 }
 
 TEST(KernelDispatch, PathsAreNamedAndUnsupportedOnesAreRefused) {
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon}) EXPECT_EQ(isa_from_name(isa_name(isa)), isa);
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon}) EXPECT_EQ(isa_from_name(isa_name(isa)), isa);
   EXPECT_FALSE(isa_from_name("sse9").has_value());
   EXPECT_TRUE(isa_supported(Isa::Scalar));
   const Isa before = active_isa();
