@@ -14,6 +14,7 @@
 #include "config.h"
 #include "grpc_server.h"
 #include "http_server.h"
+#include "kernels/dispatch.h"
 #include "logging.h"
 #include "metrics.h"
 #include "model_host.h"
@@ -157,11 +158,12 @@ int main(int argc, char** argv) {
     auto generation = service.current();
     // The generation's own figure: it knows the cache's element type (f16
     // halves it), which a recount from the shape here would not.
-    spdlog::info("{} sessions of {} positions ({} MiB of KV cache, {}), queue {}, compute team of {} threads{}",
+    spdlog::info("{} sessions of {} positions ({} MiB of KV cache, {}), queue {}, compute team of {} threads{}, {} kernels",
                  first.max_sessions, generation->scheduler->context(), generation->kv_cache_bytes >> 20,
                  generation->kv_cache, first.max_queue,
                  generation->scheduler->compute_threads(),
-                 first.compute_cores.empty() ? "" : " pinned to " + first.compute_cores);
+                 first.compute_cores.empty() ? "" : " pinned to " + first.compute_cores,
+                 colibri::kernels::isa_name(colibri::kernels::active_isa()));
   }
   grpc.set_serving(true);
   host.start();

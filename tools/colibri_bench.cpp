@@ -20,6 +20,7 @@
 #include "benchtool/process_stats.h"
 #include "benchtool/stats.h"
 #include "benchtool/weight_traffic.h"
+#include "kernels/dispatch.h"
 #include "model/model.h"
 #include "moe/router.h"
 #include "read_bandwidth.h"
@@ -858,6 +859,7 @@ int main(int argc, char** argv) {
       {"weights_memory", model->weights_memory()},
       {"threads", threads},
       {"cores", cores},
+      {"kernels", std::string(colibri::kernels::isa_name(colibri::kernels::active_isa()))},
       {"prompt_tokens", prompt_tokens},
       {"gen_tokens", gen_tokens},
       {"temperature", temperature},
@@ -960,8 +962,10 @@ int main(int argc, char** argv) {
   };
   line("model", fmt::format("{} ({}, {}, {})", model_path, config.arch->display_name, model->weight_scheme(),
                             gb(static_cast<double>(file_size))));
-  line("run", fmt::format("{} threads on cores [{}], prompt {} tokens, {} decode steps ({}), {} requests after {} warm-up",
-                          threads, fmt::join(cores, ","), prompt_tokens, gen_tokens,
+  line("run", fmt::format("{} threads on cores [{}], {} kernels, prompt {} tokens, {} decode steps ({}), {} requests "
+                          "after {} warm-up",
+                          threads, fmt::join(cores, ","), colibri::kernels::isa_name(colibri::kernels::active_isa()), prompt_tokens,
+                          gen_tokens,
                           temperature == 0.0f ? std::string("greedy") : fmt::format("sampled at T {}", temperature),
                           requests, warmup));
   line("load", fmt::format("{:.2f} s", load_seconds));
