@@ -518,7 +518,7 @@ void register_benchmarks() {
         if (variant.int8_activations && (format == WeightFormat::Q8R16 || format == WeightFormat::Q4R16) &&
             expert_shape)
           for (Isa isa : kernels::supported_isas())
-            for (std::int32_t n : {8, 9, 12, 16, 32, 64}) {
+            for (std::int32_t n : {5, 8, 9, 12, 16, 32, 64}) {
               const std::string name = std::string("matmat_cold/") + variant.name + "/" + shape.name + "/" +
                                        std::string(kernels::isa_name(isa)) + "/n:" + std::to_string(n);
               benchmark::RegisterBenchmark(name.c_str(), BM_MatmatCold, variant, &shape, isa, n)

@@ -33,10 +33,12 @@ namespace {
 // Tile rows: a tile multiplies 16 rows of activations at once, 16 vectors
 // with one plane or 8 with two (each vector's residual plane 8 rows below).
 constexpr std::int32_t kAmxRows = 16;
-// Fewer vectors than this go to the AVX-512 kernels: up to 4 they stream the
-// weights from memory (decode, a batch's experts), where the arithmetic is
-// not what limits them.
-constexpr std::int32_t kAmxMinVectors = 5;
+// Fewer vectors than this go to the AVX-512 kernels, which take up to 8 in
+// one tile: a matrix is then read once from DRAM, at what one core reads, and
+// the arithmetic is not what limits it (an expert's gate and down with 5-8
+// vectors from DRAM took 1.0-1.08x as long on AMX, one thread; from 9 on,
+// AVX-512 walks the blocks twice and AMX is faster).
+constexpr std::int32_t kAmxMinVectors = 9;
 // Columns of one packed slice of activations: 16 rows x 2048 bytes is 33 KB
 // of stack.
 constexpr std::int32_t kAmxSliceCols = 2048;
