@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/dispatch.h"
 #include "model/model.h"
 #include "moe/router.h"
 #include "runtime/generator.h"
@@ -420,6 +421,11 @@ COLIBRI_API const char* colibri_status_name(colibri_status status) {
 COLIBRI_API const char* colibri_version(void) { return COLIBRI_LIBRARY_VERSION; }
 
 COLIBRI_API int32_t colibri_abi_version(void) { return COLIBRI_ABI_VERSION; }
+
+// isa_name's views are of string literals, so data() is NUL-terminated and static.
+COLIBRI_API const char* colibri_kernels(void) {
+  return colibri::kernels::isa_name(colibri::kernels::active_isa()).data();
+}
 
 // ---------------------------------------------------------------- models
 

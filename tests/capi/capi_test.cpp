@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "colibri/colibri.h"
+#include "kernels/dispatch.h"
 #include "model/model.h"
 #include "moe/router.h"
 #include "runtime/generator.h"
@@ -36,7 +37,7 @@
 // Every function declared in colibri.h; ExportsEveryHeaderFunction checks the
 // list against the header itself.
 #define COLIBRI_C_FUNCTIONS(X)                                                                          \
-  X(colibri_last_error) X(colibri_status_name) X(colibri_version) X(colibri_abi_version)                \
+  X(colibri_last_error) X(colibri_status_name) X(colibri_version) X(colibri_abi_version) X(colibri_kernels) \
   X(colibri_load_options_default) X(colibri_load_model) X(colibri_load_model_with_memory)               \
   X(colibri_unload_model) X(colibri_model_info)                                                         \
   X(colibri_tokenize) X(colibri_free_tokens) X(colibri_detokenize) X(colibri_free_text)                 \
@@ -134,6 +135,15 @@ TEST_F(CApi, VersionAndAbi) {
   EXPECT_EQ(lib::colibri_abi_version(), COLIBRI_ABI_VERSION);
   std::string version = lib::colibri_version();
   EXPECT_TRUE(std::regex_match(version, std::regex(R"(\d+\.\d+\.\d+)"))) << version;
+}
+
+// The library reports the path its kernels run on, the one the engine linked
+// into this test chose (the same dispatch, the same CPU and environment).
+TEST_F(CApi, KernelsNameTheActivePath) {
+  const std::string kernels = lib::colibri_kernels();
+  const std::set<std::string> paths = {"scalar", "avx2", "avx512", "amx", "neon"};
+  EXPECT_TRUE(paths.count(kernels)) << kernels;
+  EXPECT_EQ(kernels, std::string(colibri::kernels::isa_name(colibri::kernels::active_isa())));
 }
 
 TEST_F(CApi, StatusNames) {

@@ -148,6 +148,7 @@ def test_model_info(mixtral):
     assert info.eos_token_id == 506
     assert info.weight_bytes > 0
     assert colibri.version().count(".") == 2
+    assert colibri.kernels() in {"scalar", "avx2", "avx512", "amx", "neon"}
 
 
 def test_tokenize_matches_reference(mixtral, fixture_path):

@@ -51,6 +51,7 @@ __all__ = [
     "Result",
     "Router",
     "as_logits",
+    "kernels",
     "library_path",
     "version",
     "CACHE_LRU",
@@ -139,6 +140,12 @@ def library_path() -> str:
 
 def version() -> str:
     return _ffi.lib().colibri_version().decode()
+
+
+def kernels() -> str:
+    """The instruction-set path the kernels run on: "amx", "avx512", "avx2",
+    "neon" or "scalar" (the best this CPU has; COLIBRI_ISA caps it)."""
+    return _ffi.lib().colibri_kernels().decode()
 
 
 # ----------------------------------------------------------------------------- zero-copy buffers

@@ -165,6 +165,7 @@ _PROTOTYPES = {
     "colibri_status_name": (c_char_p, [ctypes.c_int]),
     "colibri_version": (c_char_p, []),
     "colibri_abi_version": (c_int32, []),
+    "colibri_kernels": (c_char_p, []),
     "colibri_load_options_default": (LoadOptions, []),
     "colibri_load_model": (ctypes.c_int, [c_char_p, _P(LoadOptions), _P(c_void_p)]),
     "colibri_load_model_with_memory": (ctypes.c_int, [c_char_p, _P(LoadOptions), ctypes.c_int32, _P(c_void_p)]),

@@ -61,7 +61,7 @@
  *   colibri_router*  colibri_init[_with_config] -> colibri_free
  * Pointers passed in (paths, prompts, logits, option structs, stop strings,
  * output arrays) are borrowed for the duration of the call only; the library
- * keeps none of them. Strings returned by colibri_version,
+ * keeps none of them. Strings returned by colibri_version, colibri_kernels,
  * colibri_status_name and colibri_finish_reason_name are static. The strings
  * in a colibri_model_stats belong to the model and live until it is unloaded.
  * Library buffers (result tokens/text, tokenize output) are never NULL on
@@ -144,6 +144,12 @@ COLIBRI_API const char* colibri_version(void);
 
 /* The COLIBRI_ABI_VERSION the library was built with. */
 COLIBRI_API int32_t colibri_abi_version(void);
+
+/* The instruction-set path the kernels run on in this process: "amx",
+ * "avx512", "avx2", "neon" or "scalar". Chosen once, the first time a kernel
+ * runs (or this is asked), as the best the CPU supports; the environment
+ * variable COLIBRI_ISA, read then, caps it. Static storage. */
+COLIBRI_API const char* colibri_kernels(void);
 
 /* ========================================================================= */
 /* Models                                                                     */
