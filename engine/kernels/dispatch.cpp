@@ -38,8 +38,10 @@ constexpr bool kX86 = false;
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
 // AMX-TILE and AMX-INT8 in CPUID, the tile state enabled in XCR0, and Linux's
 // permission for this process to use tile data (asked once; without it the
-// first tile instruction would kill the process). Under valgrind, or on a
-// kernel before 5.16, the request fails and the path is not offered.
+// first tile instruction would kill the process). Where the request fails
+// (a kernel before 5.16, valgrind, a thread whose sigaltstack is too small
+// for the larger signal frame, as Rust runtimes install) the path is not
+// offered.
 bool amx_usable() {
   static const bool usable = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
