@@ -16,7 +16,8 @@
 // compute, not DRAM, bounds it) with n vectors on one thread, in multiply-adds
 // per CPU second of that thread (counter GMACps), next to matvec run n times
 // (matvec_x_n/) and, on CPUs with AVX-512 VNNI, the measured vpdpbusd peak of
-// one core (vnni_peak; counter of_vnni_peak).
+// one core (vnni_peak; counter of_vnni_peak); with AMX, the tdpbssd peak
+// (amx_peak).
 //
 //   cmake --build build --target colibri-kernel-bench
 //   build/bench/colibri-kernel-bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
@@ -351,6 +352,68 @@ double vnni_peak_macs() {
 #endif
 }
 
+#if defined(__x86_64__)
+// 4 independent tdpbssd (tmm0-3 += tmm4/5 x tmm6/7, 16 x 64 by 64 x 16 each):
+// what one core's tiles issue. Multiply-adds per second of thread CPU time.
+__attribute__((target("amx-tile,amx-int8"))) double amx_loop_macs(std::int64_t iterations) {
+  struct alignas(64) TileConfig {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t bytes_per_row[16] = {};
+    std::uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  alignas(64) static std::int8_t a[2][1024], b[2][1024];
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a[0], 64);
+  _tile_loadd(5, a[1], 64);
+  _tile_loadd(6, b[0], 64);
+  _tile_loadd(7, b[1], 64);
+  const double start = thread_seconds();
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  alignas(64) static std::int32_t out[256];
+  _tile_stored(0, out, 64);  // the loop's result is used: it cannot be dropped
+  const double seconds = thread_seconds() - start;
+  _tile_release();
+  benchmark::DoNotOptimize(out[0]);
+  return static_cast<double>(iterations) * 4 * 16 * 16 * 64 / seconds;
+}
+#endif
+
+// Multiply-adds per second of one core at the tdpbssd peak; 0 without AMX
+// (asking isa_supported is also what obtains Linux's permission for tiles).
+double amx_peak_macs() {
+#if defined(__x86_64__)
+  if (!kernels::isa_supported(Isa::Amx)) return 0.0;
+  double best = 0.0;
+  for (int pass = 0; pass < 7; ++pass) best = std::max(best, amx_loop_macs(2'000'000));
+  return best;  // the least disturbed pass
+#else
+  return 0.0;
+#endif
+}
+
+void BM_AmxPeak(benchmark::State& state) {
+  const double peak = amx_peak_macs();
+  if (peak == 0.0) {
+    state.SkipWithError("no AMX-INT8 here");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(peak);
+  state.counters["GMACps"] = peak / 1e9;
+}
+
 void BM_VnniPeak(benchmark::State& state) {
   const double peak = vnni_peak_macs();
   if (peak == 0.0) {
@@ -485,6 +548,7 @@ void register_benchmarks() {
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("quantize_activation/2048", BM_QuantizeActivation, false);
   benchmark::RegisterBenchmark("vnni_peak/threads:1", BM_VnniPeak)->Iterations(1);
+  benchmark::RegisterBenchmark("amx_peak/threads:1", BM_AmxPeak)->Iterations(1);
   for (const MatmatShape& shape : kMatmatShapes)
     for (const Variant& variant : kMatmatVariants)
       for (Isa isa : kernels::supported_isas())
