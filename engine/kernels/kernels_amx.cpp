@@ -54,6 +54,25 @@ std::size_t min_size(std::size_t a, std::size_t b) { return a < b ? a : b; }
 std::int32_t min_int(std::int32_t a, std::int32_t b) { return a < b ? a : b; }
 std::int32_t group_count(std::int32_t cols, std::int32_t group) { return (cols + group - 1) / group; }
 
+// Tile loads and stores with the bytes they touch as memory operands. GCC
+// 12's _tile_loadd names no memory at all, so stores the tile then reads
+// (the staged last chunk, the pack) could be dropped as dead, and values
+// read after a _tile_stored could be read from before it; its _tile_stored
+// clobbers all memory instead of naming what it writes.
+template <std::size_t N>
+struct TileBytes {
+  std::int8_t bytes[N];
+};
+#define COLIBRI_TILE_LOAD(tile, base, stride, region)                                       \
+  asm volatile("tileloadd (%0,%1,1), %%tmm" #tile                                          \
+               :                                                                           \
+               : "r"(base), "r"(static_cast<long>(stride)),                                \
+                 "m"(*reinterpret_cast<const TileBytes<sizeof(region)>*>(&(region))))
+#define COLIBRI_TILE_STORE(tile, base, stride, region)                                      \
+  asm volatile("tilestored %%tmm" #tile ", (%1,%2,1)"                                       \
+               : "=m"(*reinterpret_cast<TileBytes<sizeof(region)>*>(&(region)))              \
+               : "r"(base), "r"(static_cast<long>(stride)))
+
 // LDTILECFG's 64-byte operand (palette 1).
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
@@ -149,19 +168,23 @@ inline void start_group(const BlockSlice& s, const AmxPack& pack, std::int32_t g
     const std::int8_t* weights = s.values + c * kQ8R16Rows;
     if (end - c < chunk) {
       // A ragged last chunk: the tile load reads a whole chunk, which past
-      // the block's last line is another block's, or past the matrix.
-      std::memcpy(tail, weights, (end - c + 3) / 4 * 4 * kQ8R16Rows);
+      // the block's last line is another block's, or past the matrix. Copied
+      // line by line, not by memcpy: a call in the loop made GCC keep the
+      // accumulators on the stack across it (all vector registers are the
+      // caller's to save).
+      for (std::size_t line = 0; line < (end - c + 3) / 4; ++line)
+        _mm512_store_si512(tail + 64 * line, _mm512_loadu_si512(weights + 64 * line));
       weights = tail;
     } else {
       _mm_prefetch(reinterpret_cast<const char*>(weights) + kAmxPrefetch, _MM_HINT_T0);
     }
     if constexpr (Set == 0) {
-      _tile_loadd(1, weights, 64);
-      _tile_loadd(0, pack.codes[0] + c, sizeof pack.codes[0]);
+      COLIBRI_TILE_LOAD(1, weights, 64, *reinterpret_cast<const std::int8_t(*)[64 * kQ8R16Rows]>(weights));
+      COLIBRI_TILE_LOAD(0, pack.codes[0] + c, sizeof pack.codes[0], pack.codes);
       _tile_dpbssd(2, 0, 1);
     } else {
-      _tile_loadd(4, weights, 64);
-      _tile_loadd(3, pack.codes[0] + c, sizeof pack.codes[0]);
+      COLIBRI_TILE_LOAD(4, weights, 64, *reinterpret_cast<const std::int8_t(*)[64 * kQ8R16Rows]>(weights));
+      COLIBRI_TILE_LOAD(3, pack.codes[0] + c, sizeof pack.codes[0], pack.codes);
       _tile_dpbssd(5, 3, 4);
     }
   }
@@ -211,11 +234,11 @@ __attribute__((noinline)) void amx_block(const BlockSlice& s, const AmxPack& pac
   start_group<0>(s, pack, 0, tail);
   for (std::int32_t g = 0; g < s.groups; g += 2) {
     if (g + 1 < s.groups) start_group<1>(s, pack, g + 1, tail);
-    _tile_stored(2, dots[0], sizeof dots[0][0]);
+    COLIBRI_TILE_STORE(2, dots[0], sizeof dots[0][0], dots[0]);
     scale_step<Residual, NV>(s, pack, g, dots[0], acc);
     if (g + 1 < s.groups) {
       if (g + 2 < s.groups) start_group<0>(s, pack, g + 2, tail);
-      _tile_stored(5, dots[1], sizeof dots[1][0]);
+      COLIBRI_TILE_STORE(5, dots[1], sizeof dots[1][0], dots[1]);
       scale_step<Residual, NV>(s, pack, g + 1, dots[1], acc);
     }
   }
