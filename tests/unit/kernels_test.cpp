@@ -436,6 +436,11 @@ TEST(KernelDispatch, IsaVariableCapsThePathWhateverItsSpelling) {
   };
   EXPECT_EXIT(chosen_with("AVX2", Isa::Avx2), testing::ExitedWithCode(0), "");
   EXPECT_EXIT(chosen_with("sse", Isa::Scalar), testing::ExitedWithCode(0), "not a path of this build");
+  // avx512 caps an AMX machine below its tiles; amx where the CPU (or Linux)
+  // has none takes the best path below it.
+  if (isa_supported(Isa::Avx512)) EXPECT_EXIT(chosen_with("avx512", Isa::Avx512), testing::ExitedWithCode(0), "");
+  if (!isa_supported(Isa::Amx))
+    EXPECT_EXIT(chosen_with("amx", supported_isas().back()), testing::ExitedWithCode(0), "not supported by this CPU");
 }
 
 }  // namespace
