@@ -366,7 +366,7 @@ __attribute__((target("amx-tile,amx-int8"))) double amx_loop_macs(std::int64_t i
     config.rows[t] = 16;
   }
   alignas(64) static std::int8_t a[2][1024], b[2][1024];
-  _tile_loadconfig(&config);
+  asm volatile("ldtilecfg %0" : : "m"(config));  // _tile_loadconfig names 8 of its 64 bytes
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dispatch.h"
 #include "kernels/kernel_table.h"
 #include "kernels/kernels.h"
 #include "kernels/quantize.h"
@@ -117,6 +118,9 @@ int main(int argc, char** argv) {
     matrices.push_back(matrix_view(format, rows, cols, group, bytes + i * stride));
   }
 
+  // Asking which paths this CPU has is also what obtains Linux's permission
+  // for AMX tiles, which both sides need before their first tile instruction.
+  (void)kernels::supported_isas();
   Vectors vectors(n, rows, cols, group, two_planes);
   const auto* old_table = reinterpret_cast<const kernels::KernelTable*>(colibri_old::kernels::COLIBRI_AB_TABLE());
   const kernels::KernelTable* new_table = kernels::COLIBRI_AB_TABLE();

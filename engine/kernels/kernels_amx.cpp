@@ -54,7 +54,8 @@ std::size_t min_size(std::size_t a, std::size_t b) { return a < b ? a : b; }
 std::int32_t min_int(std::int32_t a, std::int32_t b) { return a < b ? a : b; }
 std::int32_t group_count(std::int32_t cols, std::int32_t group) { return (cols + group - 1) / group; }
 
-// Tile loads and stores with the bytes they touch as memory operands. GCC
+// Tile loads and stores with the bytes they touch as memory operands (and
+// the configuration below likewise). GCC
 // 12's _tile_loadd names no memory at all, so stores the tile then reads
 // (the staged last chunk, the pack) could be dropped as dead, and values
 // read after a _tile_stored could be read from before it; its _tile_stored
@@ -137,7 +138,10 @@ void configure_tiles(std::int32_t rows, std::int32_t chunk) {
     config.rows[dots] = static_cast<std::uint8_t>(rows);
     config.bytes_per_row[dots] = 64;
   }
-  _tile_loadconfig(&config);
+  // Not _tile_loadconfig: GCC 12's names only the first 8 bytes of the
+  // operand as read, so stores to the rest may not be made before it (built
+  // otherwise, an older copy of this file configured garbage and faulted).
+  asm volatile("ldtilecfg %0" : : "m"(config));
 }
 
 // Lanes of the block at row r0 that lie in [row_begin, row_end).
