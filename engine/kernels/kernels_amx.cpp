@@ -277,6 +277,8 @@ void amx_q8r16_matmat(const Matrix& w, std::int32_t n, const ActivationView* con
   const std::size_t slice_bytes = min_size(block_bytes, kQ8R16Rows * static_cast<std::size_t>(kAmxSliceCols));
   const std::int32_t panel = kAmxPanelBytes >= slice_bytes ? static_cast<std::int32_t>(kAmxPanelBytes / slice_bytes) : 1;
   const std::int32_t first = row_begin / kQ8R16Rows, last = (row_end - 1) / kQ8R16Rows;
+  // One tile of vectors over the whole row: its pack serves every panel.
+  const bool pack_once = slices == 1 && n <= kVectors;
   AmxPack pack;
   std::int32_t configured = 0;
   for (std::int32_t p0 = first; p0 <= last; p0 += panel) {
@@ -287,7 +289,7 @@ void amx_q8r16_matmat(const Matrix& w, std::int32_t n, const ActivationView* con
       const std::size_t slice_cols = min_size(cols - c0, static_cast<std::size_t>(slice_groups) * group);
       for (std::int32_t v0 = 0; v0 < n; v0 += kVectors) {
         const std::int32_t nv = min_int(n - v0, kVectors);
-        pack_slice(xq + v0, nv, Residual, c0, slice_cols, g0, groups_here, pack);
+        if (!pack_once || p0 == first) pack_slice(xq + v0, nv, Residual, c0, slice_cols, g0, groups_here, pack);
         if (nv != configured) {
           configure_tiles(Residual ? 2 * nv : nv, chunk);
           configured = nv;
