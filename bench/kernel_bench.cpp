@@ -404,20 +404,12 @@ double amx_peak_macs() {
 #endif
 }
 
-void BM_AmxPeak(benchmark::State& state) {
-  const double peak = amx_peak_macs();
+// Reports one of the peaks above; `missing` says why it is skipped when the
+// CPU has no such instruction (the peak is 0).
+void BM_Peak(benchmark::State& state, double (*peak_macs)(), const char* missing) {
+  const double peak = peak_macs();
   if (peak == 0.0) {
-    state.SkipWithError("no AMX-INT8 here");
-    return;
-  }
-  for (auto _ : state) benchmark::DoNotOptimize(peak);
-  state.counters["GMACps"] = peak / 1e9;
-}
-
-void BM_VnniPeak(benchmark::State& state) {
-  const double peak = vnni_peak_macs();
-  if (peak == 0.0) {
-    state.SkipWithError("no AVX-512 VNNI here");
+    state.SkipWithError(missing);
     return;
   }
   for (auto _ : state) benchmark::DoNotOptimize(peak);
@@ -547,8 +539,8 @@ void register_benchmarks() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("quantize_activation/2048", BM_QuantizeActivation, false);
-  benchmark::RegisterBenchmark("vnni_peak/threads:1", BM_VnniPeak)->Iterations(1);
-  benchmark::RegisterBenchmark("amx_peak/threads:1", BM_AmxPeak)->Iterations(1);
+  benchmark::RegisterBenchmark("vnni_peak/threads:1", BM_Peak, vnni_peak_macs, "no AVX-512 VNNI here")->Iterations(1);
+  benchmark::RegisterBenchmark("amx_peak/threads:1", BM_Peak, amx_peak_macs, "no AMX-INT8 here")->Iterations(1);
   for (const MatmatShape& shape : kMatmatShapes)
     for (const Variant& variant : kMatmatVariants)
       for (Isa isa : kernels::supported_isas())
