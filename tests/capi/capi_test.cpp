@@ -1345,6 +1345,38 @@ TEST_F(CApiModel, FinishReasons) {
   EXPECT_EQ(streamed.finish, COLIBRI_FINISH_LENGTH);
   EXPECT_EQ(seen.text, full.text);
   EXPECT_EQ(streamed.text, full.text);
+
+  // The last piece is one the stop matcher held back until the end: a stop
+  // string that begins with the text's last two bytes and never completes
+  // keeps them from going out with their tokens. Returning 0 for that final
+  // piece cancels too (it was once ignored, and the result said "length").
+  const std::string held_stop = full.text.substr(full.text.size() - 2) + "<<never>>";
+  const char* held_stops[] = {held_stop.c_str()};
+  params.stop = held_stops;
+  params.n_stop = 1;
+  struct Last {
+    std::string text, last_piece;
+    size_t expected = 0;
+    int calls = 0;
+  } last;
+  last.expected = full.text.size();
+  params.on_text = [](const char* piece, size_t len, void* user) -> int {
+    auto* s = static_cast<Last*>(user);
+    s->text.append(piece, len);
+    s->last_piece.assign(piece, len);
+    ++s->calls;
+    return s->text.size() < s->expected ? 1 : 0;
+  };
+  params.user_data = &last;
+  Output held = infer(text, params);
+  EXPECT_EQ(held.finish, COLIBRI_FINISH_CANCELLED);
+  EXPECT_EQ(held.text, full.text);
+  EXPECT_EQ(last.text, full.text);
+  EXPECT_GT(last.calls, 1);
+  ASSERT_GE(last.last_piece.size(), 2u);
+  EXPECT_EQ(last.last_piece.substr(last.last_piece.size() - 2), full.text.substr(full.text.size() - 2));
+  params.stop = nullptr;
+  params.n_stop = 0;
   params.on_text = nullptr;
   params.user_data = nullptr;
 
