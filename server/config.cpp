@@ -105,7 +105,8 @@ const std::array kOptions = {
                "How generated tokens are multiplied. same: int8 activations with a residual plane, as "
                "colibri-run's. int8-ffn, int8-ffn-out: one int8 plane for those products, as "
                "prefill_activations: more tokens per second when many sessions decode together "
-               "(their steps are arithmetic-bound; a single stream is bandwidth-bound and gains little), "
+               "(their steps are arithmetic-bound) and, on some CPUs, for a single stream too (Zen 5: "
+               "1.10-1.15x; most hosts measured showed no gain for one stream), "
                "at the same measured fidelity cost within the int8 bounds, and outputs no longer equal "
                "colibri-run's.",
                Reload::Hot},
