@@ -680,7 +680,7 @@ int main(int argc, char** argv) {
     if (r.step_cpu_wait_seconds.size() == r.step_seconds.size())
       for (std::size_t s = 0; s < r.step_seconds.size(); ++s) {
         cpu_waits.push_back(r.step_cpu_wait_seconds[s]);
-        net_steps.push_back(std::max(0.0, r.step_seconds[s] - r.step_cpu_wait_seconds[s]));
+        net_steps.push_back(r.step_seconds[s] - r.step_cpu_wait_seconds[s]);  // >= 0: waits are capped at their step
       }
   const bool have_net = !net_steps.empty() && net_steps.size() == all_steps;
   const double net_p50 = percentile(net_steps, 50) * 1e3, net_p95 = percentile(net_steps, 95) * 1e3,
