@@ -158,12 +158,14 @@ int main(int argc, char** argv) {
     auto generation = service.current();
     // The generation's own figure: it knows the cache's element type (f16
     // halves it), which a recount from the shape here would not.
-    spdlog::info("{} sessions of {} positions ({} MiB of KV cache, {}), queue {}, compute team of {} threads{}, {} kernels",
+    const std::string_view prefetch = colibri::kernels::stream_prefetch();
+    spdlog::info("{} sessions of {} positions ({} MiB of KV cache, {}), queue {}, compute team of {} threads{}, {} kernels{}",
                  first.max_sessions, generation->scheduler->context(), generation->kv_cache_bytes >> 20,
                  generation->kv_cache, first.max_queue,
                  generation->scheduler->compute_threads(),
                  first.compute_cores.empty() ? "" : " pinned to " + first.compute_cores,
-                 colibri::kernels::isa_name(colibri::kernels::active_isa()));
+                 colibri::kernels::isa_name(colibri::kernels::active_isa()),
+                 prefetch.empty() ? std::string() : fmt::format(" (stream prefetch {})", prefetch));
   }
   grpc.set_serving(true);
   host.start();

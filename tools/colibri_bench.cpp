@@ -865,6 +865,7 @@ int main(int argc, char** argv) {
       {"threads", threads},
       {"cores", cores},
       {"kernels", std::string(colibri::kernels::isa_name(colibri::kernels::active_isa()))},
+      {"stream_prefetch", std::string(colibri::kernels::stream_prefetch())},
       {"prompt_tokens", prompt_tokens},
       {"gen_tokens", gen_tokens},
       {"temperature", temperature},
@@ -967,9 +968,11 @@ int main(int argc, char** argv) {
   };
   line("model", fmt::format("{} ({}, {}, {})", model_path, config.arch->display_name, model->weight_scheme(),
                             gb(static_cast<double>(file_size))));
-  line("run", fmt::format("{} threads on cores [{}], {} kernels, prompt {} tokens, {} decode steps ({}), {} requests "
+  const std::string_view prefetch = colibri::kernels::stream_prefetch();
+  line("run", fmt::format("{} threads on cores [{}], {} kernels{}, prompt {} tokens, {} decode steps ({}), {} requests "
                           "after {} warm-up",
-                          threads, fmt::join(cores, ","), colibri::kernels::isa_name(colibri::kernels::active_isa()), prompt_tokens,
+                          threads, fmt::join(cores, ","), colibri::kernels::isa_name(colibri::kernels::active_isa()),
+                          prefetch.empty() ? std::string() : fmt::format(" (stream prefetch {})", prefetch), prompt_tokens,
                           gen_tokens,
                           temperature == 0.0f ? std::string("greedy") : fmt::format("sampled at T {}", temperature),
                           requests, warmup));

@@ -210,6 +210,11 @@ std::vector<Isa> supported_isas() {
 
 Isa active_isa() { return table().isa; }
 
+std::string_view stream_prefetch() {
+  const KernelTable& t = table();
+  return t.stream_prefetch != nullptr ? t.stream_prefetch() : "";
+}
+
 bool force_isa(Isa isa) {
   if (!isa_supported(isa)) return false;
   std::call_once(g_select_once, select_at_startup);  // so a later first use cannot override

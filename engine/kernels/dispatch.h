@@ -29,6 +29,11 @@ bool isa_supported(Isa isa);
 std::vector<Isa> supported_isas();
 // The path the kernels use now.
 Isa active_isa();
+// What a lone vector's int8 (Q8R16) products on the active path prefetch in
+// software: "none", "near" or "pair", chosen per CPU as measured
+// (COLIBRI_STREAM_PREFETCH overrides it; docs/KERNELS.md), or "" on a path
+// without that choice (scalar, AVX2, NEON).
+std::string_view stream_prefetch();
 // Switches every kernel to `isa`. Returns false, and changes nothing, when the
 // path is not supported. Not for use while kernels run on other threads.
 bool force_isa(Isa isa);

@@ -80,6 +80,9 @@ struct KernelTable {
   void (*attention_values_f16)(const float* weights, const std::uint16_t* values, std::size_t stride,
                                std::int32_t n_positions, std::int32_t head_dim, float* out);
   void (*convert_f32_to_f16)(const float* x, std::int32_t n, std::uint16_t* out);
+  // What a lone vector's Q8R16 stream prefetches here ("none", "near",
+  // "pair"; dispatch.h stream_prefetch()). Null on paths without that choice.
+  const char* (*stream_prefetch)();
 };
 
 // Defined by kernels_scalar.cpp (always), kernels_avx2.cpp / kernels_avx512.cpp

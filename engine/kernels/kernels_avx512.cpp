@@ -12,6 +12,7 @@
 // it (a known false positive); nothing of ours is left uninitialised.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -419,6 +420,18 @@ void q4_f32_matvec(const Matrix& w, const float* x, float* y, int32_t row_begin,
 
 constexpr size_t kQ8R16Prefetch = 4096;  // bytes ahead in the block stream (best of 1-8 KB measured)
 constexpr size_t kQ8R16L2Prefetch = 4 * kQ8R16Prefetch;  // into L2 (2x, 4x, 8x measured: 4x best)
+// A lone vector's lead on Zen 5 (StreamPrefetch::Near): 2 and 3 KB measured
+// alike, 4 KB a little behind, 1 KB and 0.5 KB well behind.
+constexpr size_t kQ8R16NearPrefetch = 2048;
+
+// What a Q8R16 stream prefetches in software, one line per 64-byte chunk.
+// The best choice for a lone vector differs between CPUs (measured; see
+// lone_vector_prefetch()); with 2-4 vectors it is always Pair.
+enum class StreamPrefetch {
+  None,  // the hardware prefetchers alone
+  Near,  // into L1, kQ8R16NearPrefetch ahead
+  Pair,  // into L1 kQ8R16Prefetch ahead and into L2 kQ8R16L2Prefetch ahead
+};
 
 // acc += dpbusd(w, the 4 bytes at x broadcast), in place. As an intrinsic,
 // GCC 12 copies every accumulator through a second register around each
@@ -448,7 +461,7 @@ inline __m512 q8r16_combined_step(__m512 acc, __m512i dot, __m512i lo, __m512 w_
 // at about 60 % of four).
 // noinline: inlined into the callers' nested lambdas, GCC 12 kept the dot
 // accumulators in memory and ran the kernel 3-4x slower (measured).
-template <bool Residual, int NV, int S = 1, bool LonePrefetch = false>
+template <bool Residual, int NV, int S = 1, StreamPrefetch Prefetch = (NV > 1 ? StreamPrefetch::Pair : StreamPrefetch::None)>
 __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values_in, const float* const* scales_in, size_t cols, size_t group,
                       int32_t groups, const ActivationView* const* xs, __m512* acc_out) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -498,18 +511,15 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
 #pragma GCC unroll 4
       for (int k = 0; k < S; ++k) {
         const std::int8_t* chunk = values[k] + c * kQ8R16Rows;
-        // A lone vector prefetches only where that was measured faster
-        // (lone_vector_prefetch()): on Zen 4 the hardware prefetchers alone
-        // read lm_head at 1.11-1.18x the old read test in DRAM's fast spells,
-        // against 0.81-0.85 with these two; on an Intel Xeon (Emerald Rapids)
-        // decode ran 1.17-1.22x faster with them (docs/KERNELS.md, "Q8R16").
-        if constexpr (NV > 1 || LonePrefetch) {
+        if constexpr (Prefetch == StreamPrefetch::Pair) {
           _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16Prefetch, _MM_HINT_T0);
           // With 2-4 vectors (a batched decode step's experts) the arithmetic per
           // line is long enough that the 4 KB lead no longer hides DRAM: a second
           // fetch into L2 four leads ahead keeps more lines in flight (16 sessions,
           // colibri-batch-bench: 1.29x; docs/KERNELS.md).
           _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16L2Prefetch, _MM_HINT_T1);
+        } else if constexpr (Prefetch == StreamPrefetch::Near) {
+          _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ8R16NearPrefetch, _MM_HINT_T0);
         }
         const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(chunk), flip);
 #pragma GCC unroll 8
@@ -669,21 +679,49 @@ struct Q8R16Blocks {
   const float* scales_of(int32_t b) const { return scales + static_cast<size_t>(b) * block_scales; }
 };
 
-// Whether a lone vector's Q8R16 stream issues software prefetches: not on
-// AMD (Zen 4 measured, session 21), yes elsewhere (Intel measured, session
-// 22; what every CPU did before). COLIBRI_STREAM_PREFETCH=on|off overrides it,
-// to measure a CPU that is neither.
-bool lone_vector_prefetch() {
-  static const bool prefetch = [] {
+// The AMD family from CPUID leaf 1 (0x19: Zen 3 and Zen 4, 0x1a: Zen 5),
+// which GCC 12's __builtin_cpu_is cannot name past Zen 4.
+unsigned amd_family() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return 0;
+  const unsigned base = (eax >> 8) & 0xf;
+  return base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+}
+
+// What a lone vector's Q8R16 stream prefetches, as measured per CPU with
+// decode on the int8 OLMoE shape (docs/KERNELS.md, "Q8R16"):
+// - Zen 4 (session 21): None. The hardware prefetchers alone read lm_head at
+//   1.11-1.18x the old read test in DRAM's fast spells, against 0.81-0.85
+//   with the Pair.
+// - Zen 5 (session 27): Near. Decode ran 1.1-1.2x faster than with None,
+//   and ahead of the Pair.
+// - Intel (Emerald Rapids, session 22): Pair, 1.17-1.22x over None; every
+//   CPU other than AMD keeps it, as every CPU did before session 21.
+// An AMD family after Zen 5 takes Zen 5's choice, the closest measured.
+// COLIBRI_STREAM_PREFETCH=none|near|pair overrides it, to measure a CPU.
+StreamPrefetch lone_vector_prefetch() {
+  static const StreamPrefetch choice = [] {
     if (const char* env = std::getenv("COLIBRI_STREAM_PREFETCH"); env != nullptr && *env != '\0') {
-      if (std::strcmp(env, "on") == 0) return true;
-      if (std::strcmp(env, "off") == 0) return false;
-      std::fprintf(stderr, "colibri: COLIBRI_STREAM_PREFETCH=%s is neither on nor off; ignored\n", env);
+      // "off" and "on" are the names before Near existed.
+      if (std::strcmp(env, "none") == 0 || std::strcmp(env, "off") == 0) return StreamPrefetch::None;
+      if (std::strcmp(env, "near") == 0) return StreamPrefetch::Near;
+      if (std::strcmp(env, "pair") == 0 || std::strcmp(env, "on") == 0) return StreamPrefetch::Pair;
+      std::fprintf(stderr, "colibri: COLIBRI_STREAM_PREFETCH=%s is none of none, near, pair; ignored\n", env);
     }
     __builtin_cpu_init();
-    return !__builtin_cpu_is("amd");
+    if (!__builtin_cpu_is("amd")) return StreamPrefetch::Pair;
+    return amd_family() >= 0x1a ? StreamPrefetch::Near : StreamPrefetch::None;
   }();
-  return prefetch;
+  return choice;
+}
+
+const char* stream_prefetch_name() {
+  switch (lone_vector_prefetch()) {
+    case StreamPrefetch::None: return "none";
+    case StreamPrefetch::Near: return "near";
+    case StreamPrefetch::Pair: return "pair";
+  }
+  return "";
 }
 
 template <bool Residual, int NV>
@@ -692,7 +730,7 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
   const size_t cols = static_cast<size_t>(w.cols), group = static_cast<size_t>(w.group);
   const int32_t groups = group_count(w.cols, w.group);
   const Q8R16Blocks at(w, groups);
-  const bool prefetch = lone_vector_prefetch();
+  const StreamPrefetch lone = lone_vector_prefetch();
   const int32_t first = row_begin / kQ8R16Rows, blocks = (row_end - 1) / kQ8R16Rows - first + 1;
   r16_blocks_side_by_side<kQ8R16Streams>(first, blocks, [&]<int K>(const int32_t* b) {
     const std::int8_t* values[K];
@@ -703,13 +741,15 @@ void q8r16_int8_streams(const Matrix& w, const ActivationView* const* xq, float*
     }
     __m512 acc[K * NV];
     if constexpr (NV == 1) {
-      if (prefetch) {
-        q8r16_int8_block<Residual, NV, K, true>(values, scales, cols, group, groups, xq, acc);
-        store_r16_blocks<K, NV>(b, acc, y, row_begin, row_end);
-        return;
-      }
+      if (lone == StreamPrefetch::Near)
+        q8r16_int8_block<Residual, NV, K, StreamPrefetch::Near>(values, scales, cols, group, groups, xq, acc);
+      else if (lone == StreamPrefetch::Pair)
+        q8r16_int8_block<Residual, NV, K, StreamPrefetch::Pair>(values, scales, cols, group, groups, xq, acc);
+      else
+        q8r16_int8_block<Residual, NV, K, StreamPrefetch::None>(values, scales, cols, group, groups, xq, acc);
+    } else {
+      q8r16_int8_block<Residual, NV, K, StreamPrefetch::Pair>(values, scales, cols, group, groups, xq, acc);
     }
-    q8r16_int8_block<Residual, NV, K>(values, scales, cols, group, groups, xq, acc);
     store_r16_blocks<K, NV>(b, acc, y, row_begin, row_end);
   });
 }
@@ -1877,6 +1917,7 @@ constexpr KernelTable kTable{
     .attention_scores_f16 = attention_scores<std::uint16_t>,
     .attention_values_f16 = attention_values<std::uint16_t>,
     .convert_f32_to_f16 = convert_f32_to_f16,
+    .stream_prefetch = stream_prefetch_name,
 };
 
 }  // namespace

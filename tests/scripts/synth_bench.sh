@@ -112,15 +112,19 @@ need(doc["page_faults"]["minor_per_s"] >= 0 and doc["page_faults"]["major_per_s"
 need(len(doc["scratch_arenas"]) == 2 and all(a["kind"] in ("hugetlb", "thp", "normal") for a in doc["scratch_arenas"]), "arenas")
 need(len(doc["thread_pinning"]) == 2, "pinning")
 need(len(doc["per_request"]) == 2, "per request")
+# The lone-vector stream prefetch is a choice of the AVX-512 paths only.
+need(doc["stream_prefetch"] in (("none", "near", "pair") if doc["kernels"] in ("avx512", "amx") else ("",)),
+     "stream prefetch named where it is chosen")
 PY
 
 # Sampled decode (the disk-bound case for an expert cache) runs and says so;
 # a negative temperature is refused by name.
-"$bench" --model "$work/a.colibri" --threads 2 --prompt-tokens 8 --gen-tokens 8 --requests 2 --warmup 0 \
+# (Also: COLIBRI_STREAM_PREFETCH overrides the CPU's choice and is reported.)
+COLIBRI_STREAM_PREFETCH=pair "$bench" --model "$work/a.colibri" --threads 2 --prompt-tokens 8 --gen-tokens 8 --requests 2 --warmup 0 \
   --bandwidth-mib 64 --bandwidth-passes 2 --temperature 1 --json > "$work/sampled.json" 2> "$work/sampled.err" ||
   { cat "$work/sampled.err"; fail "colibri-bench --temperature 1 failed"; }
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["temperature"] == 1 and d["decode_tokens_per_s"] > 0 else 1)' \
-  "$work/sampled.json" || fail "sampled bench JSON"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["temperature"] == 1 and d["decode_tokens_per_s"] > 0 and d["stream_prefetch"] == ("pair" if d["kernels"] in ("avx512", "amx") else "") else 1)' \
+  "$work/sampled.json" || fail "sampled bench JSON (or COLIBRI_STREAM_PREFETCH=pair not reported)"
 if "$bench" --model "$work/a.colibri" --temperature -1 > /dev/null 2> "$work/neg.err"; then fail "temperature -1 accepted"; fi
 grep -q -- "--temperature" "$work/neg.err" || { cat "$work/neg.err"; fail "temperature -1 not named"; }
 
