@@ -105,10 +105,9 @@ const std::array kOptions = {
                "How generated tokens are multiplied. same: int8 activations with a residual plane, as "
                "colibri-run's. int8-ffn, int8-ffn-out: one int8 plane for those products, as "
                "prefill_activations: more tokens per second when many sessions decode together "
-               "(their steps are arithmetic-bound) and, on some CPUs, for a single stream too (Zen 5: "
-               "1.10-1.15x; most hosts measured showed no gain for one stream), "
-               "at the same measured fidelity cost within the int8 bounds, and outputs no longer equal "
-               "colibri-run's.",
+               "(their steps are arithmetic-bound); a single stream reads the same bytes and gained "
+               "nothing measurable on the hosts measured. The same measured fidelity cost within the "
+               "int8 bounds, and outputs no longer equal colibri-run's.",
                Reload::Hot},
     OptionSpec{"compute_threads", &C::compute_threads, 0, 1024, "",
                "Threads of the compute team that splits each token's matrix products (the scheduler's own "

@@ -46,9 +46,9 @@ struct DecodeActivationsFlag {
                    "How generated tokens are multiplied (8-bit weights): 'same' (the default: an int8 activation "
                    "plane with a residual plane, outputs equal to the server's defaults), 'int8-ffn' (one plane "
                    "for the FFN gate and up products) or 'int8-ffn-out' (and the attention output): faster "
-                   "where decode is arithmetic-bound (many sessions at once) and, on some CPUs, for a lone "
-                   "stream too (Zen 5: 1.10-1.15x; elsewhere it read the same bytes no faster), fidelity "
-                   "within the int8 bounds. The server's decode_activations.")
+                   "where decode is arithmetic-bound (many sessions at once; a lone stream reads the same "
+                   "bytes and gained nothing measurable on the hosts measured), fidelity within the int8 "
+                   "bounds. The server's decode_activations.")
         ->capture_default_str()
         ->check(CLI::IsMember(kActivationModeNames));
   }

@@ -693,8 +693,9 @@ unsigned amd_family() {
 // - Zen 4 (session 21): None. The hardware prefetchers alone read lm_head at
 //   1.11-1.18x the old read test in DRAM's fast spells, against 0.81-0.85
 //   with the Pair.
-// - Zen 5 (session 27): Near. Decode ran 1.1-1.2x faster than with None,
-//   and ahead of the Pair.
+// - Zen 5 (session 27): Near. Decode ran 1.22x as fast as with None (int8
+//   file, median of six alternated pairs), 1.06x on the int4 file (its
+//   attention and lm_head); the Pair and leads of 1, 3 and 4 KB in between.
 // - Intel (Emerald Rapids, session 22): Pair, 1.17-1.22x over None; every
 //   CPU other than AMD keeps it, as every CPU did before session 21.
 // An AMD family after Zen 5 takes Zen 5's choice, the closest measured.
