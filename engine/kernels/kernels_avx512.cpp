@@ -695,7 +695,8 @@ unsigned amd_family() {
 //   with the Pair.
 // - Zen 5 (session 27): Near. Decode ran 1.22x as fast as with None (int8
 //   file, median of six alternated pairs), 1.06x on the int4 file (its
-//   attention and lm_head); the Pair and leads of 1, 3 and 4 KB in between.
+//   attention and lm_head); the Pair and leads of 1 and 4 KB in between, 3 KB
+//   alike.
 // - Intel (Emerald Rapids, session 22): Pair, 1.17-1.22x over None; every
 //   CPU other than AMD keeps it, as every CPU did before session 21.
 // An AMD family after Zen 5 takes Zen 5's choice, the closest measured.
