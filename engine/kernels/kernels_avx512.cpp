@@ -494,12 +494,13 @@ __attribute__((noinline)) void q8r16_int8_block(const std::int8_t* const* values
       _mm_prefetch(reinterpret_cast<const char*>(block_scales[k] + (static_cast<size_t>(g) + 8) * kQ8R16Rows),
                    _MM_HINT_T0);
     for (size_t c = begin; c < end; c += 4) {
-      // With several blocks and vectors each vector's 4 bytes are broadcast
-      // once into a register for all S blocks: from memory, every vpdpbusd
-      // loads them again. Two planes, one core, cache-resident (matmat
-      // benchmark, two interleaved runs): n = 2 / 3 / 4 at 1.08-1.11x /
-      // 1.12-1.16x / 1.30-1.32x the rate with broadcasts from memory.
-      constexpr bool kBroadcastOnce = S > 1 && NV > 1;
+      // With several blocks each vector's 4 bytes are broadcast once into a
+      // register for all S blocks: from memory, every vpdpbusd loads them
+      // again. Two planes, one core, cache-resident (matmat benchmark, two
+      // interleaved runs): n = 2 / 3 / 4 at 1.08-1.11x / 1.12-1.16x /
+      // 1.30-1.32x the rate with broadcasts from memory; n = 1 (session 28,
+      // Zen 5, four runs) 1.20-1.24x with two planes, alike with one.
+      constexpr bool kBroadcastOnce = S > 1;
       __m512i xb[NV], rb[NV];
       if constexpr (kBroadcastOnce) {
 #pragma GCC unroll 8
@@ -1067,20 +1068,49 @@ const Q4R16Block* blocks_in, size_t cols, size_t group, int32_t groups,
                    _MM_HINT_T0);
     }
     for (size_t c = begin; c < end; c += 8) {
+      // The loads, not the arithmetic, bounded this loop: each vpdpbusd
+      // broadcast its 4 bytes from memory, and GCC folded the line's load
+      // into both nibble operations, so a lone vector's two streams issued
+      // 11 loads for 2 lines. Broadcasting once for all S blocks and loading
+      // the line once leaves 6 (Zen 5, session 28: cache-resident 1.17-1.27x;
+      // int4 decode 1.10x, docs/KERNELS.md "Q4R16").
+      constexpr bool kBroadcastOnce = S > 1;
+      __m512i xb[NV], xh[NV], rb[NV], rh[NV];
+      if constexpr (kBroadcastOnce) {
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          xb[v] = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xs[v]->q + c));
+          xh[v] = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xs[v]->q + c + 4));
+          if constexpr (Residual) {
+            rb[v] = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xs[v]->residual_q + c));
+            rh[v] = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xs[v]->residual_q + c + 4));
+          }
+        }
+      }
 #pragma GCC unroll 4
       for (int k = 0; k < S; ++k) {
         const std::uint8_t* chunk = blocks[k].values + c * (kQ4R16Rows / 2);
         _mm_prefetch(reinterpret_cast<const char*>(chunk) + kQ4R16Prefetch, _MM_HINT_T0);
-        const __m512i wv = _mm512_loadu_si512(chunk);
+        __m512i wv = _mm512_loadu_si512(chunk);
+        asm("" : "+v"(wv));  // in a register: one load, not one per use
         const __m512i low = _mm512_and_si512(wv, nibble);
         const __m512i high = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble);
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          dpbusd_broadcast(dot[k * NV + v], low, xs[v]->q + c);
-          dpbusd_broadcast(dot[k * NV + v], high, xs[v]->q + c + 4);
-          if constexpr (Residual) {
-            dpbusd_broadcast(lo[k * NV + v], low, xs[v]->residual_q + c);
-            dpbusd_broadcast(lo[k * NV + v], high, xs[v]->residual_q + c + 4);
+          if constexpr (kBroadcastOnce) {
+            dpbusd_registers(dot[k * NV + v], low, xb[v]);
+            dpbusd_registers(dot[k * NV + v], high, xh[v]);
+            if constexpr (Residual) {
+              dpbusd_registers(lo[k * NV + v], low, rb[v]);
+              dpbusd_registers(lo[k * NV + v], high, rh[v]);
+            }
+          } else {
+            dpbusd_broadcast(dot[k * NV + v], low, xs[v]->q + c);
+            dpbusd_broadcast(dot[k * NV + v], high, xs[v]->q + c + 4);
+            if constexpr (Residual) {
+              dpbusd_broadcast(lo[k * NV + v], low, xs[v]->residual_q + c);
+              dpbusd_broadcast(lo[k * NV + v], high, xs[v]->residual_q + c + 4);
+            }
           }
         }
       }
