@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "benchtool/other_tasks.h"
 #include "benchtool/process_stats.h"
 #include "benchtool/stats.h"
 #include "benchtool/weight_traffic.h"
@@ -254,6 +255,9 @@ int main(int argc, char** argv) {
       "step reads the attention and router weights of every layer, top_k experts per MoE\n"
       "layer, one embedding row and the lm_head, as stored (scales included).\n\n"
       "A machine shared with other work gives noisy figures: compare runs made together.\n"
+      "Decode steps during which another task took a team thread's core are counted, with\n"
+      "how long the threads waited, and the other processes' threads that ran the most\n"
+      "during the timed requests are named (\"other tasks\"): what to move off the cores.\n"
       "Models from colibri-synth have random weights: their speed is real, their text is not.\n\n"
       "With --routing MODE (int8, group-limited, hash, load-aware, or all), each opt-in routing\n"
       "mode's fidelity cost is then measured against standard routing, as colibri-perplexity\n"
@@ -588,11 +592,14 @@ int main(int argc, char** argv) {
   double timed_cpu = 0, timed_seconds = 0;
   std::vector<double> adjacent_bandwidth;  // bytes per second, best pass, one per timed request
   std::vector<RequestResult> results;
+  // CPU time of other processes' threads during the timed requests.
+  colibri::benchtool::TaskCpuTotals other_tasks;
   for (std::int32_t i = 0; i < requests; ++i) {
     if (adjacent_passes > 0) {
       adjacent_bandwidth.push_back(read_buffer.measure(cores, adjacent_passes).best);
       read_buffer_resident = read_buffer.resident_bytes();
     }
+    const std::vector<colibri::benchtool::TaskCpu> others_before = colibri::benchtool::other_tasks_cpu();
     const colibri::benchtool::Faults faults_before = colibri::benchtool::process_faults();
     const double cpu_before = colibri::benchtool::process_cpu_seconds();
     const auto request_start = Clock::now();
@@ -600,6 +607,7 @@ int main(int argc, char** argv) {
     if (!r) return fail(r.error().message);
     timed_seconds += seconds_since(request_start);
     timed_cpu += colibri::benchtool::process_cpu_seconds() - cpu_before;
+    colibri::benchtool::add_task_cpu_delta(others_before, colibri::benchtool::other_tasks_cpu(), other_tasks);
     const colibri::benchtool::Faults faults_after = colibri::benchtool::process_faults();
     timed_faults.minor += faults_after.minor - faults_before.minor;
     timed_faults.major += faults_after.major - faults_before.major;
@@ -690,6 +698,19 @@ int main(int argc, char** argv) {
   for (double t : all_step_seconds) step_total += t;
   const double calm_p50 = percentile(calm, 50) * 1e3, calm_p95 = percentile(calm, 95) * 1e3,
                calm_p99 = percentile(calm, 99) * 1e3;
+  // At least a millisecond: below that a task cannot explain a tail step.
+  const std::vector<colibri::benchtool::TaskCpu> busiest_others =
+      colibri::benchtool::busiest_tasks(other_tasks, 1'000'000, 5);
+  nlohmann::json others_json = nlohmann::json::array();
+  std::vector<std::string> others_text;
+  for (const colibri::benchtool::TaskCpu& task : busiest_others) {
+    const double ms = static_cast<double>(task.cpu_ns) * 1e-6;
+    const double per_run = ms / static_cast<double>(std::max<std::uint64_t>(task.runs, 1));
+    others_json.push_back({{"name", task.name}, {"pid", task.pid}, {"tid", task.tid}, {"cpu_ms", ms},
+                           {"runs", task.runs}, {"ms_per_run", per_run}});
+    others_text.push_back(fmt::format("{} (pid {}) {:.0f} ms in {} runs, {:.2f} ms each", task.name, task.pid, ms,
+                                      task.runs, per_run));
+  }
   // Per phase: the median over every timed decode step of all requests.
   nlohmann::json phases = nlohmann::json::object();
   std::array<double, 6> phase_ms{};
@@ -902,6 +923,10 @@ int main(int argc, char** argv) {
        have_net ? nlohmann::json{{"p50", net_p50}, {"p95", net_p95}, {"p99", net_p99},
                                  {"method", "each step less its decode_cpu_wait, then percentiles over all steps"}}
                 : nlohmann::json(nullptr)},
+      {"other_tasks",
+       {{"busiest", others_json},
+        {"method", "CPU time of other processes' threads during the timed requests, on any core "
+                   "(/proc/PID/task/TID/schedstat), the 5 busiest with at least 1 ms"}}},
       {"router_ms_per_token",
        {{"matvec", router_matvec_ms},
         {"top_k", top_k_ms},
@@ -1016,6 +1041,11 @@ int main(int argc, char** argv) {
          fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}): each step less its wait for a core",
                      net_p50, net_p95, net_p99, net_p99 / std::max(net_p50, 1e-12)));
   }
+  line("other tasks", others_text.empty()
+                          ? std::string("none ran 1 ms or more during the timed requests")
+                          : fmt::format("{} (CPU time of other processes' threads during the timed requests, "
+                                        "on any core)",
+                                        fmt::join(others_text, "; ")));
   line("decode step phases", fmt::format("qkv {:.2f}, attention {:.2f}, o {:.2f}, router {:.2f}, experts {:.2f}, "
                                          "lm_head {:.2f} ms (medians)",
                                          phase_ms[0], phase_ms[1], phase_ms[2], phase_ms[3], phase_ms[4], phase_ms[5]));

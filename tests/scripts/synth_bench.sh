@@ -137,10 +137,21 @@ busy=$!
 "$bench" --model "$work/a.colibri" --threads 1 --cores "$core" --prompt-tokens 8 --gen-tokens 1000 --requests 3 --warmup 0 \
   --bandwidth-mib 64 --bandwidth-passes 1 --json > "$work/contended.json" 2> "$work/contended.err" ||
   { cat "$work/contended.err"; fail "colibri-bench beside a busy loop failed"; }
+busy_pid=$busy
 kill "$busy"
 busy=""
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["decode_steps_timed"] == 3000 and d["decode_steps_preempted"] > 0 else 1)' \
   "$work/contended.json" || { head -c 2000 "$work/contended.json"; fail "no preempted step counted beside a busy loop on the same core"; }
+# ... and name the loop among the other tasks that ran meanwhile.
+python3 - "$work/contended.json" "$busy_pid" <<'PY' || fail "the busy loop is not among colibri-bench's other tasks"
+import json, sys
+doc, pid = json.load(open(sys.argv[1])), int(sys.argv[2])
+busiest = doc["other_tasks"]["busiest"]
+loop = [t for t in busiest if t["pid"] == pid]
+if not (loop and loop[0]["name"] == "bash" and loop[0]["cpu_ms"] >= 10 and loop[0]["runs"] > 0 and len(busiest) <= 5
+        and busiest == sorted(busiest, key=lambda t: -t["cpu_ms"])):
+    print(json.dumps(doc["other_tasks"], indent=1)); sys.exit(1)
+PY
 
 # --routing measures each opt-in routing mode against standard routing after
 # the benchmark: over the benchmark's own random prompts (3 prompts of 8 ids,
