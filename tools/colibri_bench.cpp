@@ -607,12 +607,13 @@ int main(int argc, char** argv) {
     if (!r) return fail(r.error().message);
     timed_seconds += seconds_since(request_start);
     timed_cpu += colibri::benchtool::process_cpu_seconds() - cpu_before;
-    colibri::benchtool::add_task_cpu_delta(others_before, colibri::benchtool::other_tasks_cpu(), other_tasks);
     const colibri::benchtool::Faults faults_after = colibri::benchtool::process_faults();
     timed_faults.minor += faults_after.minor - faults_before.minor;
     timed_faults.major += faults_after.major - faults_before.major;
     const std::uint64_t high_water = colibri::benchtool::peak_rss_bytes().value_or(0);
     peak_rss = std::max<std::uint64_t>(peak_rss, high_water > read_buffer_resident ? high_water - read_buffer_resident : 0);
+    // Last, so that its own reading of /proc stays out of the request's faults.
+    colibri::benchtool::add_task_cpu_delta(others_before, colibri::benchtool::other_tasks_cpu(), other_tasks);
     results.push_back(std::move(*r));
   }
   if (!step_times_path.empty()) {
