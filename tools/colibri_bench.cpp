@@ -594,6 +594,7 @@ int main(int argc, char** argv) {
   std::vector<RequestResult> results;
   // CPU time of other processes' threads during the timed requests.
   colibri::benchtool::TaskCpuTotals other_tasks;
+  std::size_t others_visible = 0;  // none with /proc mounted hidepid, or no schedstat
   for (std::int32_t i = 0; i < requests; ++i) {
     if (adjacent_passes > 0) {
       adjacent_bandwidth.push_back(read_buffer.measure(cores, adjacent_passes).best);
@@ -613,7 +614,9 @@ int main(int argc, char** argv) {
     const std::uint64_t high_water = colibri::benchtool::peak_rss_bytes().value_or(0);
     peak_rss = std::max<std::uint64_t>(peak_rss, high_water > read_buffer_resident ? high_water - read_buffer_resident : 0);
     // Last, so that its own reading of /proc stays out of the request's faults.
-    colibri::benchtool::add_task_cpu_delta(others_before, colibri::benchtool::other_tasks_cpu(), other_tasks);
+    const std::vector<colibri::benchtool::TaskCpu> others_after = colibri::benchtool::other_tasks_cpu();
+    others_visible = std::max(others_visible, others_after.size());
+    colibri::benchtool::add_task_cpu_delta(others_before, others_after, other_tasks);
     results.push_back(std::move(*r));
   }
   if (!step_times_path.empty()) {
@@ -926,6 +929,7 @@ int main(int argc, char** argv) {
                 : nlohmann::json(nullptr)},
       {"other_tasks",
        {{"busiest", others_json},
+        {"threads_seen", others_visible},
         {"method", "CPU time of other processes' threads during the timed requests, on any core "
                    "(/proc/PID/task/TID/schedstat), the 5 busiest with at least 1 ms"}}},
       {"router_ms_per_token",
@@ -1042,7 +1046,10 @@ int main(int argc, char** argv) {
          fmt::format("P50 {:.2f} ms, P95 {:.2f} ms, P99 {:.2f} ms (P99/P50 {:.3f}): each step less its wait for a core",
                      net_p50, net_p95, net_p99, net_p99 / std::max(net_p50, 1e-12)));
   }
-  line("other tasks", others_text.empty()
+  line("other tasks", others_visible == 0
+                          ? std::string("not measured: /proc shows no other process's threads with schedstat here "
+                                        "(mounted with hidepid, or a kernel without CONFIG_SCHED_INFO)")
+                      : others_text.empty()
                           ? std::string("none ran 1 ms or more during the timed requests")
                           : fmt::format("{} (CPU time of other processes' threads during the timed requests, "
                                         "on any core)",
