@@ -152,6 +152,16 @@ if not (doc["other_tasks"]["threads_seen"] > 0 and loop and loop[0]["name"] == "
         and busiest == sorted(busiest, key=lambda t: -t["cpu_ms"])):
     print(json.dumps(doc["other_tasks"], indent=1)); sys.exit(1)
 PY
+# Alone in a PID namespace /proc shows it no other process, as under hidepid:
+# the bench must say it measured nothing, not that nothing ran (where
+# namespaces are allowed; elsewhere this check is skipped).
+if unshare --pid --fork --mount-proc true 2> /dev/null; then
+  unshare --pid --fork --mount-proc "$bench" --model "$work/a.colibri" --threads 1 --prompt-tokens 8 --gen-tokens 4 \
+    --requests 1 --warmup 0 --bandwidth-mib 64 --bandwidth-passes 1 > "$work/alone.txt" 2> "$work/alone.err" ||
+    { cat "$work/alone.err"; fail "colibri-bench in a PID namespace failed"; }
+  grep -q "^other tasks *not measured: /proc shows no other process" "$work/alone.txt" ||
+    { cat "$work/alone.txt"; fail "alone in a PID namespace, the bench did not say it saw no other task"; }
+fi
 
 # --routing measures each opt-in routing mode against standard routing after
 # the benchmark: over the benchmark's own random prompts (3 prompts of 8 ids,
